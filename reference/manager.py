@@ -65,8 +65,13 @@ def _hit_is_valid(manager: KVCacheManager, request: Request, max_length: int,
             and 0 <= length <= max(max_length, 0))
 
 
-def _cached_prefix_ok(manager: KVCacheManager, request: Request, cache_tokens: int) -> bool:
-    """KV-LIFE-007: the first num_full_blocks_to_cache blocks carry their own keys."""
+def _num_cached(manager: KVCacheManager, request_id: str) -> int:
+    return manager.coordinator.manager.num_cached_block.get(request_id, 0)
+
+
+def _cached_prefix_ok(manager: KVCacheManager, request: Request, cache_tokens: int,
+                      first: int) -> bool:
+    """KV-LIFE-007: blocks ``first`` .. num_full_blocks_to_cache carry their own keys."""
     config = manager.config
     table = manager.coordinator.block_tables(request.request_id)[0]
     num_full = lifecycle.num_full_blocks_to_cache(
@@ -74,7 +79,7 @@ def _cached_prefix_ok(manager: KVCacheManager, request: Request, cache_tokens: i
     scale = config.block_size // config.hash_block_size
     return all(
         table[j].cache_key == (request.block_hashes[(j + 1) * scale - 1], 0)
-        for j in range(min(num_full, len(table))))
+        for j in range(first, min(num_full, len(table))))
 
 
 @icontract.invariant(lambda self: _refcounts_balanced(self),
@@ -120,8 +125,9 @@ class KVCacheManager:
     @icontract.snapshot(lambda self: _state(self), name="state", enabled=ENABLED)
     @icontract.snapshot(lambda self, request: _table_ids(self, request.request_id),
                         name="table", enabled=ENABLED)
-    @icontract.snapshot(lambda self: self.pool.num_free_blocks(), name="num_free",
-                        enabled=ENABLED)
+    @icontract.snapshot(lambda self, request, new_computed_blocks: _num_cached(
+        self, request.request_id) or len(new_computed_blocks.blocks[0] if new_computed_blocks
+                                         else ()), name="num_cached", enabled=ENABLED)
     @icontract.ensure(lambda self, result, OLD: result is not None or _state(self) == OLD.state,
                       "KV-LIFE-004: a failed allocation changes nothing", enabled=ENABLED)
     @icontract.ensure(lambda self, request, new_computed_blocks, result, OLD: result is None
@@ -136,11 +142,11 @@ class KVCacheManager:
             self.config.max_model_len, self.config.block_size),
         "KV-LIFE-015: no more blocks than max_model_len needs", enabled=ENABLED)
     @icontract.ensure(lambda self, request, num_new_tokens, num_new_computed_tokens,
-                      delay_cache_blocks, result: result is None or delay_cache_blocks
+                      delay_cache_blocks, result, OLD: result is None or delay_cache_blocks
                       or not self.config.enable_caching or _cached_prefix_ok(
                           self, request, lifecycle.num_tokens_to_cache(
                               request.num_computed_tokens, num_new_computed_tokens,
-                              num_new_tokens, request.num_tokens)),
+                              num_new_tokens, request.num_tokens), OLD.num_cached),
                       "KV-LIFE-007: every committed full block is cached under its key",
                       enabled=ENABLED)
     def allocate_slots(

@@ -109,9 +109,11 @@ KV_LIFE_006 = rule(
 KV_LIFE_007 = rule(
     "KV-LIFE-007",
     "Only committed tokens are cached",
-    """After allocate_slots the request's first min(cache_tokens, hashed_tokens) //
-    block_size blocks are cached under their keys, where cache_tokens = min(computed +
-    hit + new, num_tokens); lookahead and draft tokens are never cached.""",
+    """allocate_slots caches the request's blocks up to the first min(cache_tokens,
+    hashed_tokens) // block_size, where cache_tokens = min(computed + hit + new,
+    num_tokens): lookahead and draft tokens are never cached. Blocks already counted as
+    cached -- hits, and blocks cached by an earlier call even if evict_blocks has since
+    dropped their key -- are not cached again.""",
     source=f"{MANAGER} allocate_slots (num_tokens_to_cache); {STKV} cache_blocks",
     chapter=CHAPTER,
 )
@@ -182,6 +184,16 @@ KV_LIFE_015 = rule(
     """A request never holds more than cdiv(max_model_len, block_size) blocks; lookahead
     slots beyond max_model_len are not allocated.""",
     source=f"{MANAGER} allocate_slots (num_tokens_need_slot = min(..., max_model_len))",
+    chapter=CHAPTER,
+)
+
+KV_LIFE_016 = rule(
+    "KV-LIFE-016",
+    "Lookups, arrivals and token appends leave the pool alone",
+    """get_computed_blocks, the arrival of a request and appending tokens to a request
+    change no reference count, no block table, no cache key and not the free queue: only
+    allocate_slots, free, evict_blocks and reset_prefix_cache do.""",
+    source=f"{MANAGER} get_computed_blocks (a pure lookup; touch happens in allocate_slots)",
     chapter=CHAPTER,
 )
 

@@ -1,0 +1,148 @@
+"""The engine adapter protocol: how an engine plugs into kvoracle.
+
+An adapter wraps one engine behind engine-neutral *operations* (configure, add a
+request, look up its prefix-cache hit, allocate slots, advance computed tokens,
+append output tokens, free, evict, reset) and one *observation* of the
+engine's state after each operation. It also declares its
+:class:`Capabilities`: what it claims to implement exactly. A rule the engine
+cannot be judged on is reported "not applicable", never "pass".
+
+Block ids are the engine's own. Cache keys are reported as
+:data:`KeyRef` -- (kvoracle prefix hash, group id) -- so that engines with
+different hash functions can be compared: an adapter translates its engine's
+hash of a prefix into kvoracle's hash of the same prefix
+(:func:`kvoracle.spec.hashing.extend_block_hashes`). Engine hashes that do not
+correspond to any prefix the adapter has seen are reported as
+``UNKNOWN_HASH + engine bytes``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from kvoracle.reference import ManagerConfig
+
+#: A cache key in kvoracle's terms: (kvoracle hash of the prefix, KV-cache group id).
+KeyRef = tuple[bytes, int]
+#: Prefix marking an engine hash that maps to no known prefix.
+UNKNOWN_HASH = b"unknown:"
+
+#: The configuration every adapter accepts (validated on construction).
+EngineConfig = ManagerConfig
+
+COMMON_PREFIX_MODES = ("zero", "cascade", "none")
+
+
+@attrs.frozen
+class Capabilities:
+    """What an engine claims. Each flag gates the rules that need it."""
+
+    #: Block ids, allocation order and free-queue order are exactly the spec's.
+    exact_block_ids: bool = True
+    #: ``observe()`` reports the free queue in eviction order.
+    free_queue: bool = True
+    #: ``observe()`` reports every block's reference count.
+    ref_counts: bool = True
+    #: ``observe()`` reports the cache map (key -> blocks, in caching order).
+    cache_map: bool = True
+    #: ``observe()`` reports each request's block hashes (opaque engine values).
+    request_hashes: bool = True
+    eagle: bool = True
+    caching_off: bool = True
+    lookahead: bool = True
+    delay_cache: bool = True
+    evict: bool = True
+    reset: bool = True
+    cache_salt: bool = True
+    #: Several groups with block sizes that are multiples of the hash block size.
+    hash_block_views: bool = False
+    #: ``zero``: vLLM >= 0.x deprecation (KV-LIFE-010); ``cascade``: KV-LIFE-011.
+    common_prefix: str = attrs.field(default="zero")
+
+    @common_prefix.validator
+    def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
+        if value not in COMMON_PREFIX_MODES:
+            raise ValueError(f"common_prefix must be one of {COMMON_PREFIX_MODES}, got {value!r}")
+
+
+@attrs.frozen
+class Lookup:
+    """A prefix-cache hit: per-group hit block ids and the hit length in tokens."""
+
+    block_ids: tuple[tuple[int, ...], ...]
+    num_tokens: int
+
+
+@attrs.frozen
+class Observation:
+    """What kvoracle can see of an engine's state. ``None`` = not exposed."""
+
+    num_free_blocks: int
+    usage: float
+    block_tables: Mapping[str, tuple[tuple[int, ...], ...]]
+    free_queue: tuple[int, ...] | None = None
+    ref_counts: tuple[int, ...] | None = None
+    #: Cache key -> block ids cached under it, in caching order.
+    cached: Mapping[KeyRef, tuple[int, ...]] | None = None
+    #: Request id -> the engine's block hashes (opaque values; compared for equality only).
+    request_hashes: Mapping[str, tuple[object, ...]] | None = None
+
+
+@runtime_checkable
+class EngineAdapter(Protocol):
+    """The operations and observations kvoracle drives an engine through."""
+
+    #: Short engine name used in reports.
+    name: str
+
+    def version(self) -> str: ...
+
+    def capabilities(self) -> Capabilities: ...
+
+    def configure(self, config: EngineConfig) -> None:
+        """Build a fresh engine (an empty pool) for ``config``."""
+
+    def add_request(self, request_id: str, prompt: Sequence[int],
+                    cache_salt: str | None = None) -> None: ...
+
+    def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
+        """``get_computed_blocks``; the adapter remembers the hit for :meth:`allocate`."""
+
+    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
+                 ) -> tuple[tuple[int, ...], ...] | None:
+        """``allocate_slots``; a non-zero hit adopts the blocks of the last lookup.
+
+        Returns the newly allocated block ids per group, or ``None`` when the pool
+        is short.
+        """
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        """The scheduler ran ``num_tokens`` more tokens: num_computed_tokens += it."""
+
+    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
+        """Decode produced ``tokens``; they are appended to the request."""
+
+    def free(self, request_id: str, preempted: bool = False) -> None:
+        """Free the request; a preempted request waits again with 0 computed tokens."""
+
+    def evict(self, block_ids: Sequence[int]) -> None: ...
+
+    def reset_prefix_cache(self) -> bool: ...
+
+    def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]: ...
+
+    def observe(self) -> Observation: ...
+
+
+class EngineError(Exception):
+    """The engine raised, or did not answer in time, during one operation."""
+
+    def __init__(self, operation: str, detail: str, hung: bool = False) -> None:
+        super().__init__(f"engine {'hung' if hung else 'raised'} in {operation}: {detail}")
+        self.operation = operation
+        self.detail = detail
+        self.hung = hung

@@ -1,0 +1,123 @@
+"""Running the conformance suite against one engine and collecting per-rule verdicts.
+
+A run is a sequence of *rounds*. Each round runs the lockstep machine under
+Hypothesis; when a rule fails, Hypothesis shrinks the failing example, the
+counterexample (its step list) is recorded and written as a replay file, the
+rule is *suppressed* (its later failures are counted but no longer stop an
+example) and the next round looks for failures of the other rules. The run
+ends when a round finds nothing new or after ``max_rounds`` rounds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import attrs
+import hypothesis
+from hypothesis import HealthCheck, Phase, Verbosity
+from hypothesis.errors import HypothesisException
+from hypothesis.stateful import get_state_machine_test
+
+from kvoracle import __version__
+
+from .adapter import EngineAdapter
+from .engines import engine_spec_of, load_engine
+from .machine import make_machine
+from .replay import write_replay
+from .verdicts import Counterexample, RuleViolation, Verdicts
+
+
+@attrs.define
+class RunOptions:
+    max_examples: int = 150
+    step_count: int = 40
+    seed: int = 0
+    step_timeout: float | None = 10.0
+    max_rounds: int = 12
+    replay_dir: Path | None = Path("kvoracle-replays")
+
+
+@attrs.define
+class RunResult:
+    engine_name: str
+    engine_version: str
+    engine_spec: str
+    options: RunOptions
+    verdicts: Verdicts
+    rounds: int
+    examples: int
+    duration_s: float
+    internal_errors: list[str] = attrs.Factory(list)
+
+    @property
+    def ok(self) -> bool:
+        return self.verdicts.ok() and not self.internal_errors
+
+
+def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | None = None,
+              progress: Callable[[str], None] | None = None,
+              expectations: dict[str, str] | None = None) -> RunResult:
+    """Run every applicable rule against ``engine``; never raises for engine failures."""
+    options = options or RunOptions()
+    say = progress or (lambda message: None)
+    factory = load_engine(engine) if isinstance(engine, str) else engine
+    spec = engine if isinstance(engine, str) else engine_spec_of(engine)
+    probe = factory()
+    capabilities = probe.capabilities()
+    verdicts = Verdicts(capabilities, expectations)
+    quarantine: set[str] = set()
+    examples = 0
+
+    def count_example() -> None:
+        nonlocal examples
+        examples += 1
+        if examples % 50 == 0:
+            checks = sum(o.checks for o in verdicts.outcomes.values())
+            say(f"  ... {examples} examples, {checks} checks")
+
+    started = time.perf_counter()
+    internal_errors: list[str] = []
+    rounds = 0
+    for round_index in range(options.max_rounds):
+        rounds += 1
+        machine = make_machine(factory, verdicts, quarantine, options.step_timeout,
+                               on_example=count_example)
+        settings = hypothesis.settings(
+            max_examples=options.max_examples, stateful_step_count=options.step_count,
+            deadline=None, database=None, suppress_health_check=list(HealthCheck),
+            verbosity=Verbosity.quiet, report_multiple_bugs=False,
+            phases=(Phase.explicit, Phase.generate, Phase.shrink))
+        test = hypothesis.seed(options.seed + round_index)(
+            get_state_machine_test(machine, settings=settings))
+        say(f"round {rounds}: up to {options.max_examples} examples of up to "
+            f"{options.step_count} steps (seed {options.seed + round_index})")
+        try:
+            test()
+        except RuleViolation as violation:
+            example = Counterexample(violation.rule_id, violation.message,
+                                     list(violation.steps), violation.is_engine_error)
+            if options.replay_dir is not None:
+                example.replay_path = str(write_replay(options.replay_dir, spec, example))
+            verdicts.record(example)
+            kind = "engine error" if example.engine_error else "failure"
+            say(f"  {kind}: {violation.rule_id} -- {violation.message}")
+            say(f"  shrunk to {len(example.steps)} steps"
+                + (f"; replay: {example.replay_path}" if example.replay_path else ""))
+            continue
+        except (HypothesisException, Exception) as error:  # kvoracle's own bug, or Flaky
+            internal_errors.append(f"{type(error).__name__}: {error}")
+            say(f"  internal error: {type(error).__name__}: {error}")
+            break
+        say("  no new failure")
+        break
+    return RunResult(
+        engine_name=getattr(probe, "name", type(probe).__name__),
+        engine_version=str(probe.version()) if hasattr(probe, "version") else "unknown",
+        engine_spec=spec, options=options, verdicts=verdicts, rounds=rounds,
+        examples=examples, duration_s=time.perf_counter() - started,
+        internal_errors=internal_errors)
+
+
+__all__ = ["RunOptions", "RunResult", "__version__", "run_suite"]

@@ -1,0 +1,164 @@
+"""Per-rule verdicts: every check a run makes is recorded against a rule ID.
+
+The closed set of outcomes (after the WebAssembly reference interpreter's
+closed set of assertion kinds):
+
+``pass``            the rule was checked at least once and never failed
+``fail``            a check of the rule failed (with a shrunk counterexample)
+``error``           the engine raised or hung during a step governed by the rule
+``expected-fail``   the rule fails, as the engine's expectations file says it does
+``unexpected-pass`` the expectations file says it fails, but it passed (strict xfail)
+``not-applicable``  the engine does not claim what the rule needs (a capability)
+``unexercised``     applicable, but the run never reached a check of it
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from kvoracle.spec import all_rules, get_rule
+
+from .adapter import Capabilities
+
+PASS = "pass"
+FAIL = "fail"
+ERROR = "error"
+EXPECTED_FAIL = "expected-fail"
+UNEXPECTED_PASS = "unexpected-pass"
+NOT_APPLICABLE = "not-applicable"
+UNEXERCISED = "unexercised"
+OUTCOMES = (PASS, FAIL, ERROR, EXPECTED_FAIL, UNEXPECTED_PASS, NOT_APPLICABLE, UNEXERCISED)
+#: Outcomes that let ``kvoracle check`` exit 0.
+GOOD_OUTCOMES = (PASS, EXPECTED_FAIL, NOT_APPLICABLE)
+
+#: Capabilities each rule needs before an engine can be judged on it.
+REQUIREMENTS: dict[str, tuple[str, ...]] = {
+    "KV-HASH-001": ("request_hashes",),
+    "KV-HASH-002": ("request_hashes",),
+    "KV-HASH-003": ("request_hashes",),
+    "KV-HASH-004": ("request_hashes",),
+    "KV-HASH-005": ("cache_map",),
+    "KV-HASH-006": ("hash_block_views",),
+    "KV-HASH-007": ("request_hashes", "cache_salt"),
+    "KV-POOL-003": ("exact_block_ids", "free_queue"),
+    "KV-POOL-004": ("exact_block_ids",),
+    "KV-POOL-005": ("cache_map",),
+    "KV-POOL-006": ("exact_block_ids", "free_queue"),
+    "KV-POOL-007": ("exact_block_ids", "free_queue"),
+    "KV-POOL-008": ("free_queue", "ref_counts"),
+    "KV-POOL-009": ("exact_block_ids", "cache_map"),
+    "KV-POOL-010": ("free_queue", "ref_counts"),
+    "KV-POOL-011": ("ref_counts",),
+    "KV-POOL-013": ("evict", "cache_map"),
+    "KV-POOL-014": ("reset",),
+    "KV-POOL-015": ("cache_map",),
+    "KV-FULL-002": ("exact_block_ids",),
+    "KV-FULL-003": ("eagle",),
+    "KV-LIFE-006": ("exact_block_ids",),
+    "KV-LIFE-007": ("cache_map",),
+    "KV-LIFE-008": ("delay_cache", "cache_map"),
+    "KV-LIFE-012": ("caching_off",),
+}
+
+
+def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
+    """Why a rule is not applicable to an engine, or ``None`` if it is."""
+    rule = get_rule(rule_id)
+    if rule.kind == "validation":
+        return "kvoracle input validation (checked by kvoracle's own tests, not per engine)"
+    if rule_id == "KV-LIFE-010" and capabilities.common_prefix != "zero":
+        return f"engine declares common_prefix={capabilities.common_prefix!r}"
+    if rule_id == "KV-LIFE-011" and capabilities.common_prefix != "cascade":
+        return f"engine declares common_prefix={capabilities.common_prefix!r}"
+    missing = [name for name in REQUIREMENTS.get(rule_id, ()) if not getattr(capabilities, name)]
+    if missing:
+        return "engine does not claim " + ", ".join(missing)
+    return None
+
+
+class RuleViolation(AssertionError):
+    """A check failed. Carries the rule and, once known, the steps that led to it."""
+
+    def __init__(self, rule_id: str, message: str) -> None:
+        super().__init__(f"{rule_id} ({get_rule(rule_id).title}): {message}")
+        self.rule_id = rule_id
+        self.message = message
+        self.steps: list[object] = []
+        self.is_engine_error = False
+
+
+@attrs.define
+class Counterexample:
+    rule_id: str
+    message: str
+    steps: list[object]
+    engine_error: bool = False
+    replay_path: str | None = None
+
+
+@attrs.define
+class RuleOutcome:
+    rule_id: str
+    not_applicable: str | None = None
+    checks: int = 0
+    failed_checks: int = 0
+    counterexamples: list[Counterexample] = attrs.Factory(list)
+    errors: list[Counterexample] = attrs.Factory(list)
+    expected: str | None = None  # reason from an expectations file
+
+    @property
+    def outcome(self) -> str:
+        if self.not_applicable is not None:
+            return NOT_APPLICABLE
+        failing = bool(self.counterexamples or self.failed_checks)
+        if self.expected is not None:
+            return EXPECTED_FAIL if failing or self.errors else UNEXPECTED_PASS
+        if failing:
+            return FAIL
+        if self.errors:
+            return ERROR
+        return PASS if self.checks else UNEXERCISED
+
+
+class Verdicts:
+    """Collects checks for one engine across a whole run."""
+
+    def __init__(self, capabilities: Capabilities,
+                 expectations: dict[str, str] | None = None) -> None:
+        self.capabilities = capabilities
+        self.outcomes: dict[str, RuleOutcome] = {}
+        for rule in all_rules():
+            self.outcomes[rule.id] = RuleOutcome(
+                rule.id, not_applicable=applicability(rule.id, capabilities),
+                expected=(expectations or {}).get(rule.id))
+        #: Rules with a recorded counterexample: their later failures are counted, not raised.
+        self.suppressed: set[str] = set()
+
+    def applicable(self, rule_id: str) -> bool:
+        return self.outcomes[rule_id].not_applicable is None
+
+    def check(self, rule_id: str, ok: bool, message: str | object = "") -> None:
+        """Record one check of ``rule_id``; raise :class:`RuleViolation` when it fails."""
+        outcome = self.outcomes[rule_id]
+        if outcome.not_applicable is not None:
+            return
+        outcome.checks += 1
+        if ok:
+            return
+        outcome.failed_checks += 1
+        if rule_id not in self.suppressed:
+            raise RuleViolation(rule_id, message() if callable(message) else str(message))
+
+    def record(self, example: Counterexample) -> None:
+        outcome = self.outcomes[example.rule_id]
+        (outcome.errors if example.engine_error else outcome.counterexamples).append(example)
+        self.suppressed.add(example.rule_id)
+
+    def summary(self) -> dict[str, int]:
+        counts = dict.fromkeys(OUTCOMES, 0)
+        for outcome in self.outcomes.values():
+            counts[outcome.outcome] += 1
+        return counts
+
+    def ok(self) -> bool:
+        return all(o.outcome in GOOD_OUTCOMES for o in self.outcomes.values())
