@@ -142,7 +142,7 @@ class EngineError(Exception):
     """The engine raised, or did not answer in time, during one operation."""
 
     def __init__(self, operation: str, detail: str, hung: bool = False) -> None:
-        super().__init__(f"engine {'hung' if hung else 'raised'} in {operation}: {detail}")
+        super().__init__(f"engine failed in {operation}: {detail}")
         self.operation = operation
         self.detail = detail
         self.hung = hung

@@ -23,6 +23,9 @@ def _check(args: argparse.Namespace) -> int:
     options = RunOptions(max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
                          step_timeout=args.step_timeout or None, max_rounds=args.max_rounds,
                          replay_dir=None if args.no_replay else Path(args.replay_dir))
+    # Like `python -m`, resolve `module:Class` engines against the current directory too.
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))
     print(f"kvoracle {__version__}: checking engine {args.engine!r}", flush=True)
     try:
         result = run_suite(args.engine, options,

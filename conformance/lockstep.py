@@ -17,8 +17,13 @@ failing one raises :class:`~.verdicts.RuleViolation` carrying the steps so far.
 from __future__ import annotations
 
 import concurrent.futures
+import queue
+import re
+import threading
 from collections.abc import Callable
 from typing import Any
+
+import attrs
 
 from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import lifecycle
@@ -26,9 +31,70 @@ from kvoracle.spec import lifecycle
 from . import invariants
 from .adapter import EngineAdapter, EngineConfig, EngineError, Lookup, Observation
 from .engines.reference import ReferenceEngine
-from .steps import (AddRequest, AppendTokens, CommonPrefix, Configure, EmptyAllocation, Evict,
-                    Free, Probe, ResetPrefixCache, Schedule, Step)
-from .verdicts import RuleViolation, Verdicts
+from .steps import (
+    AddRequest,
+    AppendTokens,
+    CommonPrefix,
+    Configure,
+    EmptyAllocation,
+    Evict,
+    Free,
+    Observe,
+    Probe,
+    ResetPrefixCache,
+    Schedule,
+    Step,
+)
+from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
+
+
+@attrs.define
+class Quarantine:
+    """Operations kvoracle stops calling during a run, and why.
+
+    A hung operation is quarantined at once -- every later call fails fast with the
+    same error, so nothing waits for the timeout twice. An operation that raised is
+    quarantined from the next round on, so that Hypothesis can still shrink the
+    failure it found (its replays must meet the same engine).
+    """
+
+    hung: dict[str, str] = attrs.Factory(dict)
+    raised: dict[str, str] = attrs.Factory(dict)
+
+    def blocked(self) -> frozenset[str]:
+        return frozenset(self.hung) | frozenset(self.raised)
+
+    def describe(self) -> dict[str, str]:
+        return {**self.raised, **self.hung}
+
+
+class _Worker:
+    """One daemon thread running engine calls, so an abandoned hung call cannot keep the
+    process alive at exit (``ThreadPoolExecutor`` joins its threads at exit)."""
+
+    def __init__(self) -> None:
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name="kvoracle-engine", daemon=True).start()
+
+    def _run(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            future, function, args, kwargs = job
+            try:
+                future.set_result(function(*args, **kwargs))
+            except BaseException as error:
+                future.set_exception(error)
+
+    def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any
+               ) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._jobs.put((future, function, args, kwargs))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
 
 
 class EngineCaller:
@@ -40,35 +106,39 @@ class EngineCaller:
     """
 
     def __init__(self, engine: EngineAdapter, timeout: float | None,
-                 quarantine: set[str]) -> None:
+                 quarantine: Quarantine) -> None:
         self.engine = engine
         self.timeout = timeout
         self.quarantine = quarantine
-        self._executor = (concurrent.futures.ThreadPoolExecutor(1, "kvoracle-engine")
-                          if timeout else None)
+        self._worker = _Worker() if timeout else None
 
     def __call__(self, operation: str, *args: Any, **kwargs: Any) -> Any:
+        if operation in self.quarantine.hung:
+            raise EngineError(operation, self.quarantine.hung[operation] + " (quarantined)",
+                              hung=True)
         function = getattr(self.engine, operation)
-        if self._executor is None:
+        if self._worker is None:
             try:
                 return function(*args, **kwargs)
             except Exception as error:
                 raise EngineError(operation, f"{type(error).__name__}: {error}") from error
-        future = self._executor.submit(function, *args, **kwargs)
+        future = self._worker.submit(function, *args, **kwargs)
         try:
             return future.result(self.timeout)
         except concurrent.futures.TimeoutError:
-            self.quarantine.add(operation)
-            self._executor.shutdown(wait=False, cancel_futures=True)
-            self._executor = concurrent.futures.ThreadPoolExecutor(1, "kvoracle-engine")
-            raise EngineError(operation, f"no answer within {self.timeout:g} s",
-                              hung=True) from None
+            detail = f"no answer within {self.timeout:g} s"
+            self.quarantine.hung[operation] = detail
+            self._worker = _Worker()  # the old one is stuck in the engine; leave it
+            raise EngineError(operation, detail, hung=True) from None
         except Exception as error:
             raise EngineError(operation, f"{type(error).__name__}: {error}") from error
 
     def close(self) -> None:
-        if self._executor is not None:
-            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._worker is not None:
+            self._worker.stop()
+
+
+RULE_ID_IN_TEXT = re.compile(r"\bKV-[A-Z]+-\d{3}\b")
 
 
 def _diff(label: str, expected: object, actual: object) -> str:
@@ -79,12 +149,13 @@ class LockstepDriver:
     """Drives ``engine`` and kvoracle's reference through the same steps."""
 
     def __init__(self, engine_factory: Callable[[], EngineAdapter], verdicts: Verdicts,
-                 step_timeout: float | None = 10.0, quarantine: set[str] | None = None) -> None:
+                 step_timeout: float | None = 10.0, quarantine: Quarantine | None = None) -> None:
         self.verdicts = verdicts
         self.engine = engine_factory()
         self.capabilities = verdicts.capabilities
         self.model = ReferenceEngine(common_prefix=self.capabilities.common_prefix)
-        self.quarantine = quarantine if quarantine is not None else set()
+        #: Shared across the examples of a run.
+        self.quarantine = quarantine if quarantine is not None else Quarantine()
         self.call = EngineCaller(self.engine, step_timeout, self.quarantine)
         self.steps: list[Step] = []
         self.config: EngineConfig | None = None
@@ -102,21 +173,49 @@ class LockstepDriver:
         try:
             handler = getattr(self, "_" + type(step).__name__)
             handler(step)
-        except RuleViolation as violation:
-            violation.steps = list(self.steps)
-            raise
+            return
+        except KnownFailure:
+            self.dead = True
+            return
+        except RuleViolation as failed:
+            found: RuleViolation = failed
         except EngineError as error:
-            rule_id = step.primary_rule
-            if rule_id in self.verdicts.suppressed:
-                self.dead = True
-                return
-            violation = RuleViolation(rule_id, str(error))
-            violation.is_engine_error = True
-            violation.steps = list(self.steps)
-            raise violation from error
+            found = self._engine_failure(step, error)
+        # Raised outside the handlers, so the failure carries no exception context: Hypothesis
+        # tells failures apart by type, origin and context.
+        found.steps = list(self.steps)
+        self.verdicts.first_seen.setdefault(
+            found.rule_id, (found.message, found.steps, found.is_engine_error))
+        if found.rule_id in self.verdicts.suppressed:
+            self.dead = True
+            return
+        if found.is_engine_error and found.hung:
+            # A hang is recorded as it is, never shrunk: every replay would wait again.
+            self.verdicts.record(Counterexample(found.rule_id, found.message, found.steps,
+                                                engine_error=True))
+            self.dead = True
+            return
+        raise found
 
-    def available(self, operation: str) -> bool:
-        return not self.dead and operation not in self.quarantine
+    def _engine_failure(self, step: Step, error: EngineError) -> RuleViolation:
+        """Charge an engine error to a rule.
+
+        An engine that checks itself (e.g. one built on kvoracle's reference) may name the
+        rule it broke; otherwise the step's primary rule is charged, and an operation that
+        raised for no stated reason is not called again from the next round on.
+        """
+        self.dead = True
+        named = RULE_ID_IN_TEXT.search(error.detail)
+        if named and named.group(0) in self.verdicts.outcomes:
+            rule_id = named.group(0)
+        else:
+            rule_id = step.primary_rule
+            if not error.hung:
+                self.quarantine.raised.setdefault(error.operation, error.detail)
+        failure = violation(rule_id, str(error))
+        failure.is_engine_error = True
+        failure.hung = error.hung
+        return failure
 
     def close(self) -> None:
         self.call.close()
@@ -249,6 +348,9 @@ class LockstepDriver:
                   lambda: _diff(f"hit blocks of {request_id}", expected.block_ids,
                                 actual.block_ids))
 
+    def _Observe(self, step: Observe) -> None:
+        self._judge(_rules(default="KV-LIFE-016"))
+
     def _EmptyAllocation(self, step: EmptyAllocation) -> None:
         """KV-LIFE-013: nothing to compute and nothing adopted must be rejected."""
         before = self.call("observe")
@@ -342,17 +444,23 @@ class LockstepDriver:
               lambda: f"table {old_table} became {table}: not append-only")
         check("KV-LIFE-005", table == old_table + tuple(hits) + tuple(actual[0]),
               lambda: f"table {table} is not old {old_table} + hits {hits} + new {actual[0]}")
+        if config.enable_caching and self.capabilities.cache_map and after.cached is not None \
+                and self.capabilities.exact_block_ids:
+            # A block popped by this allocation must have lost its old key -- unless this
+            # very allocation cached it again under the same key, as the reference did.
+            popped = set(actual[0])
+            kept = {(k, b) for k, blocks in (self.model.observe().cached or {}).items()
+                    for b in blocks}
+            stale = [(k.hex()[:12] if isinstance(k, bytes) else k, b)
+                     for (k, _group), blocks in after.cached.items() for b in blocks
+                     if b in popped and b in (before.cached or {}).get((k, _group), ())
+                     and ((k, _group), b) not in kept]
+            check("KV-POOL-005", not stale,
+                  lambda: f"allocated blocks kept their old cache keys: {stale}")
         cached_rule = ("KV-LIFE-012" if not config.enable_caching else
                        "KV-LIFE-008" if step.delay_cache_blocks else "KV-LIFE-007")
         self._judge(_rules(free_queue="KV-POOL-004", ref_counts="KV-POOL-008",
                            tables="KV-LIFE-005", num_free="KV-LIFE-003", cached=cached_rule))
-        if config.enable_caching and self.capabilities.cache_map and after.cached is not None:
-            popped = set(actual[0])
-            stale = [(key, blocks) for key, blocks in after.cached.items()
-                     if popped & set(blocks) and (before.cached or {}).get(key) is not None
-                     and popped & set((before.cached or {})[key])]
-            check("KV-POOL-005", not stale,
-                  lambda: f"blocks {sorted(popped)} were allocated but stay cached: {stale}")
 
     def _Free(self, step: Free) -> None:
         before = self.call("observe")

@@ -26,9 +26,20 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 from kvoracle.reference import ManagerConfig
 
 from .adapter import EngineAdapter
-from .lockstep import LockstepDriver
-from .steps import (AddRequest, AppendTokens, CommonPrefix, Configure, EmptyAllocation, Evict,
-                    Free, Probe, ResetPrefixCache, Schedule)
+from .lockstep import LockstepDriver, Quarantine
+from .steps import (
+    AddRequest,
+    AppendTokens,
+    CommonPrefix,
+    Configure,
+    EmptyAllocation,
+    Evict,
+    Free,
+    Observe,
+    Probe,
+    ResetPrefixCache,
+    Schedule,
+)
 from .verdicts import Verdicts
 
 #: Tokens come from a tiny alphabet so that independent requests collide.
@@ -41,7 +52,9 @@ def manager_configs(draw: st.DrawFn, allow_caching_off: bool = True,
                     allow_eagle: bool = True) -> ManagerConfig:
     """Valid single-group configurations, biased towards small pools that fill up."""
     block_size = draw(st.sampled_from([1, 2, 3, 4, 8]))
-    num_blocks = draw(st.integers(min_value=2, max_value=24))
+    # Small pools fill up: allocation failures, evictions and reuse of freed blocks.
+    num_blocks = draw(st.integers(min_value=2, max_value=8) | st.integers(min_value=2,
+                                                                            max_value=24))
     max_model_len = draw(st.integers(min_value=max(2, block_size), max_value=12 * block_size))
     enable_caching = draw(st.sampled_from([True, True, True, False])) if allow_caching_off \
         else True
@@ -56,7 +69,8 @@ class LockstepMachine(RuleBasedStateMachine):
 
     engine_factory: Callable[[], EngineAdapter]
     verdicts: Verdicts
-    quarantine: set[str]
+    quarantine: Quarantine
+    round_quarantine: frozenset[str] = frozenset()
     step_timeout: float | None = 10.0
     on_example: Callable[[], None] | None = None
 
@@ -90,7 +104,10 @@ class LockstepMachine(RuleBasedStateMachine):
         return sorted(rid for rid in self.model.requests if rid in held)
 
     def _can(self, operation: str) -> bool:
-        return self.driver is not None and self.driver.available(operation)
+        # Preconditions read the quarantine as it was when the round began: changing rule
+        # availability in the middle of a Hypothesis run would make its replays inconsistent.
+        return (self.driver is not None and not self.driver.dead
+                and operation not in self.round_quarantine)
 
     # -- rules ---------------------------------------------------------------------------
     @initialize(config=manager_configs())
@@ -104,12 +121,17 @@ class LockstepMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def add_request(self, data: st.DataObject) -> None:
         config = self._config()
-        corpus = [tuple(r.all_token_ids) for r in self.model.requests.values()] + self.history
+        live = [tuple(r.all_token_ids) for r in self.model.requests.values()]
         prefix: tuple[int, ...] = ()
-        if corpus and data.draw(st.booleans(), label="shares a prefix"):
+        source = data.draw(st.sampled_from(["fresh", "live", "past", "past"]), label="source")
+        corpus = {"fresh": [], "live": live, "past": self.history}[source] or live or self.history
+        if source != "fresh" and corpus:
+            # Prefixes of live requests hit referenced blocks; prefixes of past (finished or
+            # preempted) requests hit cached blocks waiting in the free queue.
             base = data.draw(st.sampled_from(corpus), label="base")
             blocks = len(base) // config.block_size
             cut = data.draw(st.one_of(
+                st.just(len(base)),
                 st.integers(0, blocks).map(lambda b: b * config.block_size),
                 st.integers(0, len(base))), label="cut")
             prefix = base[:cut]
@@ -117,49 +139,46 @@ class LockstepMachine(RuleBasedStateMachine):
                                           max_size=2 * config.block_size + 2), label="suffix"))
         prompt = (prefix + suffix)[: config.max_model_len - 1] or (0,)
         salt = data.draw(st.sampled_from([None, None, None, "salt-1"]), label="salt")
-        self.history = ([prompt] + self.history)[:8]
         self.driver.apply(AddRequest(f"r{next(self.ids)}", prompt, salt))
 
-    @precondition(lambda self: self._can("allocate") and self._waiting())
+    def _schedulable(self) -> list[str]:
+        """Waiting requests, and running ones with uncomputed tokens."""
+        held = self._held()
+        return sorted(rid for rid, r in self.model.requests.items()
+                      if rid not in held or r.num_computed_tokens < r.num_tokens)
+
+    @precondition(lambda self: self._can("allocate") and self._schedulable())
     @rule(data=st.data())
-    def schedule_waiting(self, data: st.DataObject) -> None:
+    def schedule(self, data: st.DataObject) -> None:
         config = self._config()
-        request_id = data.draw(st.sampled_from(self._waiting()), label="request")
+        request_id = data.draw(st.sampled_from(self._schedulable()), label="request")
+        running = request_id in self._held()
         self.driver.apply(Schedule(
             request_id,
             num_new_tokens=data.draw(st.integers(1, 3 * config.block_size), label="new"),
+            num_draft_tokens=data.draw(st.sampled_from([0, 0, 1, 2]), label="drafts")
+            if running else 0,
             num_lookahead_tokens=data.draw(st.sampled_from([0, 0, 1, config.block_size]),
                                            label="lookahead"),
-            delay_cache_blocks=data.draw(st.sampled_from([False, False, False, True]),
-                                         label="delay")))
+            delay_cache_blocks=False if running else data.draw(
+                st.sampled_from([False, False, False, True]), label="delay")))
 
-    @precondition(lambda self: self._can("allocate") and any(
-        self.model.requests[r].num_computed_tokens < self.model.requests[r].num_tokens
-        for r in self._running()))
-    @rule(data=st.data())
-    def schedule_running(self, data: st.DataObject) -> None:
-        config = self._config()
-        candidates = [r for r in self._running()
-                      if self.model.requests[r].num_computed_tokens
-                      < self.model.requests[r].num_tokens]
-        request_id = data.draw(st.sampled_from(candidates), label="request")
-        self.driver.apply(Schedule(
-            request_id,
-            num_new_tokens=data.draw(st.integers(1, 3 * config.block_size), label="new"),
-            num_draft_tokens=data.draw(st.sampled_from([0, 0, 1, 2]), label="drafts"),
-            num_lookahead_tokens=data.draw(st.sampled_from([0, 0, 1, config.block_size]),
-                                           label="lookahead")))
+    # Hypothesis picks among rules uniformly: two more names for `schedule` make it the most
+    # frequent step, as it is in a serving engine.
+    schedule_more = schedule
+    schedule_most = schedule
 
-    @precondition(lambda self: self._can("append_tokens") and any(
-        self.model.requests[r].num_computed_tokens == self.model.requests[r].num_tokens
-        < self._config().max_model_len for r in self._running()))
+    def _decodable(self) -> list[str]:
+        limit = self._config().max_model_len
+        return [r for r in self._running()
+                if self.model.requests[r].num_computed_tokens
+                == self.model.requests[r].num_tokens < limit]
+
+    @precondition(lambda self: self._can("append_tokens") and self._decodable())
     @rule(data=st.data())
     def decode(self, data: st.DataObject) -> None:
         config = self._config()
-        candidates = [r for r in self._running()
-                      if self.model.requests[r].num_computed_tokens
-                      == self.model.requests[r].num_tokens < config.max_model_len]
-        request_id = data.draw(st.sampled_from(candidates), label="request")
+        request_id = data.draw(st.sampled_from(self._decodable()), label="request")
         room = config.max_model_len - self.model.requests[request_id].num_tokens
         tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=min(3, room)), label="tokens")
         self.driver.apply(AppendTokens(request_id, tuple(tokens)))
@@ -169,44 +188,54 @@ class LockstepMachine(RuleBasedStateMachine):
     def free(self, data: st.DataObject) -> None:
         request_id = data.draw(st.sampled_from(sorted(self.model.requests)), label="request")
         preempted = data.draw(st.booleans(), label="preempted")
+        self.history = [tuple(self.model.requests[request_id].all_token_ids), *self.history][:8]
         self.driver.apply(Free(request_id, preempted))
 
     @precondition(lambda self: self._can("lookup") and self.model.requests)
     @rule(data=st.data())
-    def probe(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(sorted(self.model.requests)), label="request")
-        num_tokens = self.model.requests[request_id].num_tokens
-        bound = data.draw(st.integers(0, num_tokens + self._config().block_size), label="bound")
-        self.driver.apply(Probe(request_id, bound))
+    def query(self, data: st.DataObject) -> None:
+        """Read-only questions: a bounded lookup, common prefix blocks, an empty allocation."""
+        kinds = ["probe", "probe"]
+        if self._running() and self._can("common_prefix_blocks"):
+            kinds.append("common_prefix")
+        if self._running() and self._can("allocate"):
+            kinds.append("empty_allocation")
+        kind = data.draw(st.sampled_from(kinds), label="query")
+        if kind == "probe":
+            request_id = data.draw(st.sampled_from(sorted(self.model.requests)), label="request")
+            num_tokens = self.model.requests[request_id].num_tokens
+            bound = data.draw(st.integers(0, num_tokens + self._config().block_size),
+                              label="bound")
+            self.driver.apply(Probe(request_id, bound))
+            return
+        request_id = data.draw(st.sampled_from(self._running()), label="request")
+        self.driver.apply(CommonPrefix(request_id) if kind == "common_prefix"
+                          else EmptyAllocation(request_id))
 
-    @precondition(lambda self: self._can("evict"))
+    @precondition(lambda self: self._can("evict") or self._can("reset_prefix_cache"))
     @rule(data=st.data())
-    def evict(self, data: st.DataObject) -> None:
+    def maintenance(self, data: st.DataObject) -> None:
+        """A connector evicts blocks, or an RL loop resets the prefix cache."""
+        kinds = (["evict"] * 2 if self._can("evict") else []) + \
+            (["reset"] if self._can("reset_prefix_cache") else [])
+        if data.draw(st.sampled_from(kinds), label="maintenance") == "reset":
+            self.driver.apply(ResetPrefixCache())
+            return
         config = self._config()
         cached = sorted(b for blocks in self.model.manager.pool.cached.values()
                         for b in blocks)
         any_block = st.integers(0, config.num_blocks - 1)
         choice = st.sampled_from(cached) if cached else any_block
-        ids = data.draw(st.lists(st.one_of(choice, any_block), max_size=3, unique=True),
+        ids = data.draw(st.lists(st.one_of(choice, any_block), max_size=2, unique=True),
                         label="block ids")
         self.driver.apply(Evict(tuple(ids)))
 
-    @precondition(lambda self: self._can("allocate") and self._running())
-    @rule(data=st.data())
-    def empty_allocation(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(self._running()), label="request")
-        self.driver.apply(EmptyAllocation(request_id))
-
-    @precondition(lambda self: self._can("reset_prefix_cache"))
+    @precondition(lambda self: self.driver is not None and (self.driver.dead or self.round_quarantine))
     @rule()
-    def reset(self) -> None:
-        self.driver.apply(ResetPrefixCache())
-
-    @precondition(lambda self: self._can("common_prefix_blocks") and self._running())
-    @rule(data=st.data())
-    def common_prefix(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(self._running()), label="request")
-        self.driver.apply(CommonPrefix(request_id))
+    def observe(self) -> None:
+        # Available once the engine is dead or an operation is quarantined, so that a run can
+        # always make progress; otherwise every step already observes.
+        self.driver.apply(Observe())
 
     def teardown(self) -> None:
         if self.driver is not None:
@@ -214,7 +243,7 @@ class LockstepMachine(RuleBasedStateMachine):
 
 
 def make_machine(engine_factory: Callable[[], EngineAdapter], verdicts: Verdicts | None = None,
-                 quarantine: set[str] | None = None, step_timeout: float | None = 10.0,
+                 quarantine: Quarantine | None = None, step_timeout: float | None = 10.0,
                  on_example: Callable[[], None] | None = None,
                  max_examples: int = 100, step_count: int = 40) -> type[LockstepMachine]:
     """A machine class bound to one engine (``engine_factory()`` builds a fresh adapter)."""
@@ -224,7 +253,8 @@ def make_machine(engine_factory: Callable[[], EngineAdapter], verdicts: Verdicts
                    (LockstepMachine,), {
                        "engine_factory": staticmethod(engine_factory),
                        "verdicts": verdicts,
-                       "quarantine": quarantine if quarantine is not None else set(),
+                       "quarantine": quarantine if quarantine is not None else Quarantine(),
+                       "round_quarantine": quarantine.blocked() if quarantine else frozenset(),
                        "step_timeout": step_timeout,
                        "on_example": staticmethod(on_example) if on_example else None,
                    })

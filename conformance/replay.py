@@ -38,8 +38,8 @@ while the engine still violates the rule, and passes once it is fixed.
 
 from kvoracle.conformance.replay import replay
 from kvoracle.conformance.steps import (AddRequest, AppendTokens, CommonPrefix, Configure,
-                                        EmptyAllocation, Evict, Free, Probe, ResetPrefixCache,
-                                        Schedule)
+                                        EmptyAllocation, Evict, Free, Observe, Probe,
+                                        ResetPrefixCache, Schedule)
 from kvoracle.reference import ManagerConfig
 
 ENGINE = {engine!r}

@@ -24,6 +24,7 @@ from kvoracle import __version__
 
 from .adapter import EngineAdapter
 from .engines import engine_spec_of, load_engine
+from .lockstep import Quarantine
 from .machine import make_machine
 from .replay import write_replay
 from .verdicts import Counterexample, RuleViolation, Verdicts
@@ -67,7 +68,7 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
     probe = factory()
     capabilities = probe.capabilities()
     verdicts = Verdicts(capabilities, expectations)
-    quarantine: set[str] = set()
+    quarantine = Quarantine()
     examples = 0
 
     def count_example() -> None:
@@ -93,25 +94,35 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
             get_state_machine_test(machine, settings=settings))
         say(f"round {rounds}: up to {options.max_examples} examples of up to "
             f"{options.step_count} steps (seed {options.seed + round_index})")
+        recorded_before = {rule for rule in verdicts.suppressed}
         try:
             test()
         except RuleViolation as violation:
             example = Counterexample(violation.rule_id, violation.message,
                                      list(violation.steps), violation.is_engine_error)
-            if options.replay_dir is not None:
-                example.replay_path = str(write_replay(options.replay_dir, spec, example))
             verdicts.record(example)
             kind = "engine error" if example.engine_error else "failure"
             say(f"  {kind}: {violation.rule_id} -- {violation.message}")
-            say(f"  shrunk to {len(example.steps)} steps"
-                + (f"; replay: {example.replay_path}" if example.replay_path else ""))
+            say(f"  shrunk to {len(example.steps)} steps")
             continue
         except (HypothesisException, Exception) as error:  # kvoracle's own bug, or Flaky
             internal_errors.append(f"{type(error).__name__}: {error}")
             say(f"  internal error: {type(error).__name__}: {error}")
             break
+        hangs = verdicts.suppressed - recorded_before
+        for rule_id in sorted(hangs):
+            say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")
+        if hangs:
+            continue
         say("  no new failure")
         break
+    for example in verdicts.unrecorded_failures():
+        verdicts.record(example)
+    if options.replay_dir is not None:
+        for outcome in verdicts.outcomes.values():
+            for example in outcome.counterexamples + outcome.errors:
+                if example.replay_path is None:
+                    example.replay_path = str(write_replay(options.replay_dir, spec, example))
     return RunResult(
         engine_name=getattr(probe, "name", type(probe).__name__),
         engine_version=str(probe.version()) if hasattr(probe, "version") else "unknown",

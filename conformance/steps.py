@@ -103,13 +103,20 @@ class ResetPrefixCache:
 
 
 @attrs.frozen
+class Observe:
+    """Only look: compare observations and check invariants."""
+
+    primary_rule = "KV-POOL-012"
+
+
+@attrs.frozen
 class CommonPrefix:
     request_id: str
     primary_rule = "KV-LIFE-010"
 
 
 Step = Configure | AddRequest | Schedule | EmptyAllocation | Probe | AppendTokens | Free | \
-    Evict | ResetPrefixCache | CommonPrefix
+    Evict | ResetPrefixCache | CommonPrefix | Observe
 
 STEP_TYPES = (Configure, AddRequest, Schedule, EmptyAllocation, Probe, AppendTokens, Free,
-              Evict, ResetPrefixCache, CommonPrefix)
+              Evict, ResetPrefixCache, CommonPrefix, Observe)

@@ -42,7 +42,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "KV-HASH-007": ("request_hashes", "cache_salt"),
     "KV-POOL-003": ("exact_block_ids", "free_queue"),
     "KV-POOL-004": ("exact_block_ids",),
-    "KV-POOL-005": ("cache_map",),
+    "KV-POOL-005": ("exact_block_ids", "cache_map"),
     "KV-POOL-006": ("exact_block_ids", "free_queue"),
     "KV-POOL-007": ("exact_block_ids", "free_queue"),
     "KV-POOL-008": ("free_queue", "ref_counts"),
@@ -76,6 +76,19 @@ def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
     return None
 
 
+class KnownFailure(Exception):
+    """A rule that already has a counterexample failed again.
+
+    The example stops being judged: after a known divergence the engine's state
+    differs from the reference's for a reason already reported, and every later
+    comparison would only repeat it under other rules' names.
+    """
+
+    def __init__(self, rule_id: str) -> None:
+        super().__init__(rule_id)
+        self.rule_id = rule_id
+
+
 class RuleViolation(AssertionError):
     """A check failed. Carries the rule and, once known, the steps that led to it."""
 
@@ -85,6 +98,23 @@ class RuleViolation(AssertionError):
         self.message = message
         self.steps: list[object] = []
         self.is_engine_error = False
+        self.hung = False
+
+
+_VIOLATION_TYPES: dict[str, type[RuleViolation]] = {}
+
+
+def violation(rule_id: str, message: str) -> RuleViolation:
+    """A :class:`RuleViolation` of a class of its own per rule.
+
+    Hypothesis tells failures apart by exception type and origin; one class per
+    rule keeps it from shrinking a failure of one rule into a failure of another.
+    """
+    cls = _VIOLATION_TYPES.get(rule_id)
+    if cls is None:
+        name = "Violation_" + rule_id.replace("-", "_")
+        cls = _VIOLATION_TYPES[rule_id] = type(name, (RuleViolation,), {})
+    return cls(rule_id, message)
 
 
 @attrs.define
@@ -131,8 +161,11 @@ class Verdicts:
             self.outcomes[rule.id] = RuleOutcome(
                 rule.id, not_applicable=applicability(rule.id, capabilities),
                 expected=(expectations or {}).get(rule.id))
-        #: Rules with a recorded counterexample: their later failures are counted, not raised.
+        #: Rules with a recorded counterexample: a later failure ends the example quietly.
         self.suppressed: set[str] = set()
+        #: The first (unshrunk) failing step list seen for each rule, kept in case shrinking
+        #: another rule's failure was the only time this rule failed.
+        self.first_seen: dict[str, tuple[str, list[object], bool]] = {}
 
     def applicable(self, rule_id: str) -> bool:
         return self.outcomes[rule_id].not_applicable is None
@@ -146,8 +179,20 @@ class Verdicts:
         if ok:
             return
         outcome.failed_checks += 1
-        if rule_id not in self.suppressed:
-            raise RuleViolation(rule_id, message() if callable(message) else str(message))
+        if rule_id in self.suppressed:
+            raise KnownFailure(rule_id)
+        raise violation(rule_id, message() if callable(message) else str(message))
+
+    def unrecorded_failures(self) -> list[Counterexample]:
+        """Counterexamples for rules that failed but never got a shrunk one."""
+        examples = []
+        for rule_id, outcome in self.outcomes.items():
+            if (outcome.failed_checks and not outcome.counterexamples and not outcome.errors
+                    and rule_id in self.first_seen):
+                message, steps, engine_error = self.first_seen[rule_id]
+                examples.append(Counterexample(rule_id, message + " (not shrunk)", steps,
+                                               engine_error))
+        return examples
 
     def record(self, example: Counterexample) -> None:
         outcome = self.outcomes[example.rule_id]

@@ -1,20 +1,11 @@
-"""The switch that turns the reference's contracts on and off.
+"""The reference uses the spec's contract switch: see :mod:`kvoracle.spec.contracts`.
 
-Contracts are on by default: every icontract pre/postcondition and invariant
-of the reference runs, and a violation raises ``icontract.ViolationError``
-whose message starts with the rule ID it checks.
-
-Set the environment variable ``KVORACLE_CONTRACTS=0`` *before* importing
-``kvoracle.reference`` to build the classes without contracts (icontract then
-does not wrap the methods at all), for speed. The conformance suite still
-checks every rule on observable state either way.
+``KVORACLE_CONTRACTS=0`` in the environment before import turns every
+icontract pre/postcondition and invariant of the spec and the reference off.
 """
 
 from __future__ import annotations
 
-import os
+from kvoracle.spec.contracts import ENABLED
 
-#: Whether the reference's icontract conditions are installed (read at import time).
-ENABLED: bool = os.environ.get("KVORACLE_CONTRACTS", "1").strip().lower() not in (
-    "0", "false", "off", "no",
-)
+__all__ = ["ENABLED"]

@@ -20,25 +20,31 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 VENV="${VENV:-.venv}"
 BIN="${VENV}/bin"
 TIMEOUT="${CROSSHAIR_TIMEOUT:-4}"
+# CrossHair checks the icontract conditions, so they must be installed (spec/contracts.py).
+export KVORACLE_CONTRACTS=1
 
 if [[ ! -x "${BIN}/crosshair" ]]; then
     echo "crosshair_spec.sh: ${BIN}/crosshair not found (set VENV to a venv with crosshair-tool)" >&2
     exit 2
 fi
 
-# The chapters, by their installed module names (kvoracle.spec.* maps to spec/).
-MODULES=(
-    kvoracle.spec.config
-    kvoracle.spec.hashing
-    kvoracle.spec.block_pool
-    kvoracle.spec.full_attention
-    kvoracle.spec.lifecycle
-)
+# Makes icontract's re-entrancy set concrete; without it CrossHair reports spurious
+# NotDeterministic / RecursionError failures on spec functions that call other
+# contracted functions (see the plugin's docstring).
+PLUGIN=scripts/crosshair_icontract_plugin.py
 
-"${BIN}/python" -c "import kvoracle.spec" || {
+# The chapters, by their installed module names (kvoracle.spec.* maps to spec/):
+# every module listed in kvoracle.spec.CHAPTERS, so a new chapter is checked too.
+chapters="$("${BIN}/python" -c \
+    'import kvoracle.spec as s; print("\n".join(c.__name__ for c in s.CHAPTERS))')" || {
     echo "crosshair_spec.sh: kvoracle.spec does not import with ${BIN}/python" >&2
     exit 2
 }
+mapfile -t MODULES <<<"${chapters}"
+if [[ ${#MODULES[@]} -eq 0 || -z "${MODULES[0]}" ]]; then
+    echo "crosshair_spec.sh: kvoracle.spec.CHAPTERS is empty" >&2
+    exit 2
+fi
 
 echo "crosshair: $("${BIN}/python" -c 'import importlib.metadata as m; print(m.version("crosshair-tool"))')"
 echo "checking icontract conditions, ${TIMEOUT}s CPU per condition, in:"
@@ -51,6 +57,7 @@ status=0
 "${BIN}/crosshair" check \
     --analysis_kind=icontract \
     --per_condition_timeout="${TIMEOUT}" \
+    --extra_plugin="${PLUGIN}" \
     "$@" \
     "${MODULES[@]}" || status=$?
 elapsed=$((SECONDS - start))

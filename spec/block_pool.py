@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import icontract
 
+from .contracts import ENABLED
 from .registry import defines, rule
 
 CHAPTER = "block_pool"
@@ -171,19 +172,19 @@ KV_POOL_015 = rule(
 )
 
 
-@icontract.require(lambda queue, n: 0 <= n <= len(queue))
-@icontract.ensure(lambda result, queue, n: result[0] + result[1] == queue and len(result[0]) == n)
+@icontract.require(lambda queue, n: 0 <= n <= len(queue), enabled=ENABLED)
+@icontract.ensure(lambda result, queue, n: result[0] + result[1] == queue and len(result[0]) == n, enabled=ENABLED)
 @defines(KV_POOL_004)
 def pop_front(queue: tuple[int, ...], n: int) -> tuple[tuple[int, ...], tuple[int, ...]]:
     """Allocate ``n`` blocks: (the blocks handed out, the queue left behind)."""
     return queue[:n], queue[n:]
 
 
-@icontract.require(lambda released, released_hashed: len(released) == len(released_hashed))
-@icontract.ensure(lambda result, queue, released: len(result) == len(queue) + len(released))
+@icontract.require(lambda released, released_hashed: len(released) == len(released_hashed), enabled=ENABLED)
+@icontract.ensure(lambda result, queue, released: len(result) == len(queue) + len(released), enabled=ENABLED)
 @icontract.ensure(lambda result, queue, released, released_hashed:
                   result[:len(released) - sum(released_hashed)]
-                  == tuple(b for b, h in zip(released, released_hashed) if not h))
+                  == tuple(b for b, h in zip(released, released_hashed) if not h), enabled=ENABLED)
 @defines(KV_POOL_006)
 def queue_after_release(
     queue: tuple[int, ...], released: tuple[int, ...], released_hashed: tuple[bool, ...]
@@ -198,16 +199,16 @@ def queue_after_release(
     return unhashed + queue + hashed
 
 
-@icontract.ensure(lambda result, table: len(result) <= len(table))
-@icontract.ensure(lambda result: 0 not in result)
+@icontract.ensure(lambda result, table: len(result) <= len(table), enabled=ENABLED)
+@icontract.ensure(lambda result: 0 not in result, enabled=ENABLED)
 @defines(KV_POOL_007)
 def free_order(table: tuple[int, ...]) -> tuple[int, ...]:
     """The order a request's block table is handed to ``free_blocks``: tail first, nulls out."""
     return tuple(block_id for block_id in reversed(table) if block_id != 0)
 
 
-@icontract.ensure(lambda result, queue, touched: all(b not in result for b in touched))
-@icontract.ensure(lambda result, queue: all(b in queue for b in result))
+@icontract.ensure(lambda result, touched: set(touched).isdisjoint(result), enabled=ENABLED)
+@icontract.ensure(lambda result, queue: set(result) <= set(queue), enabled=ENABLED)
 @defines(KV_POOL_008)
 def queue_after_touch(queue: tuple[int, ...], touched: tuple[int, ...]) -> tuple[int, ...]:
     """The free queue after a hit touches ``touched``: those blocks leave it, order kept."""
@@ -215,7 +216,7 @@ def queue_after_touch(queue: tuple[int, ...], touched: tuple[int, ...]) -> tuple
     return tuple(b for b in queue if b not in gone)
 
 
-@icontract.require(lambda ref_counts, in_free_queue: len(ref_counts) == len(in_free_queue))
+@icontract.require(lambda ref_counts, in_free_queue: len(ref_counts) == len(in_free_queue), enabled=ENABLED)
 @defines(KV_POOL_001, KV_POOL_010)
 def free_iff_unreferenced(ref_counts: tuple[int, ...], in_free_queue: tuple[bool, ...]) -> bool:
     """Index 0 is the null block (never free); every other block is free iff its count is 0."""
@@ -226,7 +227,7 @@ def free_iff_unreferenced(ref_counts: tuple[int, ...], in_free_queue: tuple[bool
     return all((count == 0) == free for count, free in zip(ref_counts[1:], in_free_queue[1:]))
 
 
-@icontract.require(lambda ref_counts, table_occurrences: len(ref_counts) == len(table_occurrences))
+@icontract.require(lambda ref_counts, table_occurrences: len(ref_counts) == len(table_occurrences), enabled=ENABLED)
 @defines(KV_POOL_011, KV_POOL_002)
 def refcounts_balanced(ref_counts: tuple[int, ...], table_occurrences: tuple[int, ...]) -> bool:
     """Each non-null block's count equals its number of block-table occurrences; null is 0."""
@@ -235,24 +236,24 @@ def refcounts_balanced(ref_counts: tuple[int, ...], table_occurrences: tuple[int
     return ref_counts[0] == 0 and ref_counts[1:] == table_occurrences[1:]
 
 
-@icontract.require(lambda num_blocks: num_blocks >= 2)
-@icontract.require(lambda num_free, num_blocks: 0 <= num_free <= num_blocks - 1)
-@icontract.ensure(lambda result: 0.0 <= result <= 1.0)
+@icontract.require(lambda num_blocks: num_blocks >= 2, enabled=ENABLED)
+@icontract.require(lambda num_free, num_blocks: 0 <= num_free <= num_blocks - 1, enabled=ENABLED)
+@icontract.ensure(lambda result: 0.0 <= result <= 1.0, enabled=ENABLED)
 @defines(KV_POOL_012)
 def usage(num_free: int, num_blocks: int) -> float:
     """Fraction of the non-null blocks that are not free."""
     return 1.0 - num_free / (num_blocks - 1)
 
 
-@icontract.require(lambda num_blocks: num_blocks >= 2)
+@icontract.require(lambda num_blocks: num_blocks >= 2, enabled=ENABLED)
 @defines(KV_POOL_014)
 def can_reset_prefix_cache(num_free: int, num_blocks: int) -> bool:
     """A prefix-cache reset succeeds iff every non-null block is free."""
     return num_free == num_blocks - 1
 
 
-@icontract.require(lambda cached_under_key: len(cached_under_key) > 0)
-@icontract.ensure(lambda result, cached_under_key: result == cached_under_key[0])
+@icontract.require(lambda cached_under_key: len(cached_under_key) > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, cached_under_key: result == cached_under_key[0], enabled=ENABLED)
 @defines(KV_POOL_009)
 def lookup_block(cached_under_key: tuple[int, ...]) -> int:
     """Which block a lookup returns, given the blocks cached under a key in caching order."""

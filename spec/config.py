@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import icontract
 
+from .contracts import ENABLED
 from .registry import defines, rule
 
 CHAPTER = "config"
@@ -79,7 +80,7 @@ class ConfigError(ValueError):
 
 
 @icontract.ensure(lambda result: result in ("", "num_blocks", "block_size", "max_model_len",
-                                            "hash_block_size"))
+                                            "hash_block_size"), enabled=ENABLED)
 @defines(KV_CFG_001, KV_CFG_002, KV_CFG_003, KV_CFG_004)
 def first_invalid_parameter(
     num_blocks: int,

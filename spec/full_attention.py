@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import icontract
 
+from .contracts import ENABLED
 from .registry import defines, rule
 
 CHAPTER = "full_attention"
@@ -74,13 +75,13 @@ KV_FULL_005 = rule(
 )
 
 
-@icontract.require(lambda block_size: block_size > 0)
-@icontract.require(lambda max_length: max_length >= 0)
-@icontract.ensure(lambda result, max_length, block_size: 0 <= result * block_size <= max_length)
-@icontract.ensure(lambda result, cached: all(cached[:result]))
+@icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
+@icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, max_length, block_size: 0 <= result * block_size <= max_length, enabled=ENABLED)
+@icontract.ensure(lambda result, cached: all(cached[:result]), enabled=ENABLED)
 @icontract.ensure(lambda result, cached, max_length, block_size:
                   result == len(cached) or result == max_length // block_size
-                  or not cached[result])
+                  or not cached[result], enabled=ENABLED)
 @defines(KV_FULL_001)
 def longest_cached_run(cached: tuple[bool, ...], max_length: int, block_size: int) -> int:
     """Number of leading blocks hit, before the EAGLE drop.
@@ -94,13 +95,13 @@ def longest_cached_run(cached: tuple[bool, ...], max_length: int, block_size: in
     return run
 
 
-@icontract.require(lambda block_size: block_size > 0)
-@icontract.require(lambda max_length: max_length >= 0)
-@icontract.ensure(lambda result, block_size: result % block_size == 0)
-@icontract.ensure(lambda result, max_length: 0 <= result <= max_length)
+@icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
+@icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, block_size: result % block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, max_length: 0 <= result <= max_length, enabled=ENABLED)
 @icontract.ensure(lambda result, cached, max_length, block_size, use_eagle:
                   use_eagle or result == longest_cached_run(cached, max_length, block_size)
-                  * block_size)
+                  * block_size, enabled=ENABLED)
 @defines(KV_FULL_001, KV_FULL_003, KV_FULL_004)
 def full_attention_hit_length(
     cached: tuple[bool, ...], max_length: int, block_size: int, use_eagle: bool
@@ -112,10 +113,10 @@ def full_attention_hit_length(
     return blocks * block_size
 
 
-@icontract.require(lambda alignment_tokens: alignment_tokens > 0)
-@icontract.require(lambda hit_length: hit_length >= 0)
+@icontract.require(lambda alignment_tokens: alignment_tokens > 0, enabled=ENABLED)
+@icontract.require(lambda hit_length: hit_length >= 0, enabled=ENABLED)
 @icontract.ensure(lambda result, hit_length, alignment_tokens:
-                  result % alignment_tokens == 0 and 0 <= hit_length - result < alignment_tokens)
+                  result % alignment_tokens == 0 and 0 <= hit_length - result < alignment_tokens, enabled=ENABLED)
 @defines(KV_FULL_004)
 def align_hit(hit_length: int, alignment_tokens: int) -> int:
     """Round a hit length down to the alignment."""

@@ -36,6 +36,7 @@ import hashlib
 
 import icontract
 
+from .contracts import ENABLED
 from .registry import defines, rule
 
 CHAPTER = "hashing"
@@ -122,10 +123,10 @@ def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | 
     return keys
 
 
-@icontract.require(lambda hash_block_size: hash_block_size > 0)
-@icontract.require(lambda num_tokens: num_tokens >= 0)
+@icontract.require(lambda hash_block_size: hash_block_size > 0, enabled=ENABLED)
+@icontract.require(lambda num_tokens: num_tokens >= 0, enabled=ENABLED)
 @icontract.ensure(lambda result, num_tokens, hash_block_size:
-                  result * hash_block_size <= num_tokens < (result + 1) * hash_block_size)
+                  result * hash_block_size <= num_tokens < (result + 1) * hash_block_size, enabled=ENABLED)
 @defines(KV_HASH_002)
 def num_block_hashes(num_tokens: int, hash_block_size: int) -> int:
     """How many hashes a request of ``num_tokens`` tokens has: one per full block."""
@@ -154,28 +155,28 @@ def extend_block_hashes(
     return tuple(out)
 
 
-@icontract.require(lambda scale: scale > 0)
-@icontract.require(lambda block_index: block_index >= 0)
+@icontract.require(lambda scale: scale > 0, enabled=ENABLED)
+@icontract.require(lambda block_index: block_index >= 0, enabled=ENABLED)
 @icontract.ensure(lambda result, block_index, scale:
-                  block_index * scale <= result < (block_index + 1) * scale)
+                  block_index * scale <= result < (block_index + 1) * scale, enabled=ENABLED)
 @defines(KV_HASH_006)
 def block_size_view_index(block_index: int, scale: int) -> int:
     """The hash unit that identifies block ``block_index`` of a group ``scale`` times coarser."""
     return (block_index + 1) * scale - 1
 
 
-@icontract.require(lambda scale: scale > 0)
-@icontract.require(lambda num_hashes: num_hashes >= 0)
+@icontract.require(lambda scale: scale > 0, enabled=ENABLED)
+@icontract.require(lambda num_hashes: num_hashes >= 0, enabled=ENABLED)
 @icontract.ensure(lambda result, num_hashes, scale:
-                  result == 0 or block_size_view_index(result - 1, scale) < num_hashes)
-@icontract.ensure(lambda result, num_hashes, scale: block_size_view_index(result, scale) >= num_hashes)
+                  result == 0 or block_size_view_index(result - 1, scale) < num_hashes, enabled=ENABLED)
+@icontract.ensure(lambda result, num_hashes, scale: block_size_view_index(result, scale) >= num_hashes, enabled=ENABLED)
 @defines(KV_HASH_006)
 def block_size_view_length(num_hashes: int, scale: int) -> int:
     """How many coarse blocks a list of ``num_hashes`` fine hashes identifies."""
     return num_hashes // scale
 
 
-@icontract.require(lambda hash_block_size: hash_block_size > 0)
+@icontract.require(lambda hash_block_size: hash_block_size > 0, enabled=ENABLED)
 @defines(KV_HASH_004)
 def prefixes_share_hash(
     tokens_a: tuple[int, ...], tokens_b: tuple[int, ...], index: int, hash_block_size: int

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import icontract
 
+from .contracts import ENABLED
 from .registry import defines, rule
 
 CHAPTER = "lifecycle"
@@ -198,25 +199,25 @@ KV_LIFE_016 = rule(
 )
 
 
-@icontract.require(lambda num_tokens: num_tokens >= 1)
-@icontract.ensure(lambda result, num_tokens: result == num_tokens - 1)
+@icontract.require(lambda num_tokens: num_tokens >= 1, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens: result == num_tokens - 1, enabled=ENABLED)
 @defines(KV_LIFE_001)
 def max_cache_hit_length(num_tokens: int) -> int:
     """The default bound of a lookup: the last token is always recomputed."""
     return num_tokens - 1
 
 
-@icontract.require(lambda a, b: a >= 0 and b > 0)
-@icontract.ensure(lambda result, a, b: (result - 1) * b < a <= result * b or (a == 0 == result))
+@icontract.require(lambda a, b: a >= 0 and b > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, a, b: (result - 1) * b < a <= result * b or (a == 0 == result), enabled=ENABLED)
 def cdiv(a: int, b: int) -> int:
     """Ceiling division."""
     return -(-a // b)
 
 
 @icontract.require(lambda num_computed, num_new_computed, num_new, num_lookahead:
-                   min(num_computed, num_new_computed, num_new, num_lookahead) >= 0)
-@icontract.require(lambda max_model_len: max_model_len > 0)
-@icontract.ensure(lambda result, max_model_len: 0 <= result <= max_model_len)
+                   min(num_computed, num_new_computed, num_new, num_lookahead) >= 0, enabled=ENABLED)
+@icontract.require(lambda max_model_len: max_model_len > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, max_model_len: 0 <= result <= max_model_len, enabled=ENABLED)
 @defines(KV_LIFE_003, KV_LIFE_015)
 def num_slots(num_computed: int, num_new_computed: int, num_new: int, num_lookahead: int,
               max_model_len: int) -> int:
@@ -226,11 +227,11 @@ def num_slots(num_computed: int, num_new_computed: int, num_new: int, num_lookah
 
 @icontract.require(lambda slots, block_size, num_held, num_hit_blocks, num_evictable_hits:
                    slots >= 0 and block_size > 0 and num_held >= 0
-                   and 0 <= num_evictable_hits <= num_hit_blocks)
-@icontract.ensure(lambda result, num_evictable_hits: result >= num_evictable_hits)
+                   and 0 <= num_evictable_hits <= num_hit_blocks, enabled=ENABLED)
+@icontract.ensure(lambda result, num_evictable_hits: result >= num_evictable_hits, enabled=ENABLED)
 @icontract.ensure(lambda result, slots, block_size, num_held, num_hit_blocks, num_evictable_hits:
                   result - num_evictable_hits + num_held + num_hit_blocks
-                  >= cdiv(slots, block_size))
+                  >= cdiv(slots, block_size), enabled=ENABLED)
 @defines(KV_LIFE_003)
 def num_blocks_to_allocate(slots: int, block_size: int, num_held: int, num_hit_blocks: int,
                            num_evictable_hits: int) -> int:
@@ -239,8 +240,8 @@ def num_blocks_to_allocate(slots: int, block_size: int, num_held: int, num_hit_b
 
 
 @icontract.require(lambda num_computed, num_new_computed, num_new, num_tokens:
-                   min(num_computed, num_new_computed, num_new, num_tokens) >= 0)
-@icontract.ensure(lambda result, num_tokens: result <= num_tokens)
+                   min(num_computed, num_new_computed, num_new, num_tokens) >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens: result <= num_tokens, enabled=ENABLED)
 @defines(KV_LIFE_007)
 def num_tokens_to_cache(num_computed: int, num_new_computed: int, num_new: int,
                         num_tokens: int) -> int:
@@ -250,8 +251,8 @@ def num_tokens_to_cache(num_computed: int, num_new_computed: int, num_new: int,
 
 @icontract.require(lambda tokens_to_cache, num_hashes, hash_block_size, block_size:
                    tokens_to_cache >= 0 and num_hashes >= 0 and hash_block_size > 0
-                   and block_size > 0 and block_size % hash_block_size == 0)
-@icontract.ensure(lambda result, tokens_to_cache, block_size: result * block_size <= tokens_to_cache)
+                   and block_size > 0 and block_size % hash_block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, tokens_to_cache, block_size: result * block_size <= tokens_to_cache, enabled=ENABLED)
 @defines(KV_LIFE_007)
 def num_full_blocks_to_cache(tokens_to_cache: int, num_hashes: int, hash_block_size: int,
                              block_size: int) -> int:
@@ -259,10 +260,10 @@ def num_full_blocks_to_cache(tokens_to_cache: int, num_hashes: int, hash_block_s
     return min(tokens_to_cache, num_hashes * hash_block_size) // block_size
 
 
-@icontract.require(lambda num_requests_holding: num_requests_holding >= 0)
-@icontract.ensure(lambda result, ref_counts: 0 <= result <= len(ref_counts))
+@icontract.require(lambda num_requests_holding: num_requests_holding >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, ref_counts: 0 <= result <= len(ref_counts), enabled=ENABLED)
 @icontract.ensure(lambda result, ref_counts, num_requests_holding:
-                  all(c == num_requests_holding for c in ref_counts[:result]))
+                  all(c == num_requests_holding for c in ref_counts[:result]), enabled=ENABLED)
 @defines(KV_LIFE_011)
 def num_common_prefix_blocks(ref_counts: tuple[int, ...], num_requests_holding: int) -> int:
     """Leading blocks of a running request (their counts, in table order) shared by all."""

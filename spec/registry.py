@@ -12,8 +12,9 @@ look rules up with :func:`get_rule` / :func:`all_rules`.
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, TypeVar
+from typing import TypeVar
 
 RULE_ID_PATTERN = re.compile(r"^KV-[A-Z]+-\d{3}$")
 

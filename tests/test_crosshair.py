@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import re
 import subprocess
 import sys
@@ -27,6 +28,7 @@ pytestmark = pytest.mark.slow
 REPO = Path(__file__).resolve().parents[1]
 FIXTURE = REPO / "tests" / "crosshair_fixtures" / "off_by_one.py"
 SCRIPT = REPO / "scripts" / "crosshair_spec.sh"
+PLUGIN = REPO / "scripts" / "crosshair_icontract_plugin.py"
 
 #: CPU seconds CrossHair may spend on one condition.
 PER_CONDITION_TIMEOUT = 3
@@ -36,7 +38,9 @@ SUBPROCESS_TIMEOUT = 240
 BOUND_CONDITION = "0 <= result * block_size <= max_length"
 
 REPORT = re.compile(r"^(?P<file>.+?):(?P<line>\d+): (?P<level>error|info|warning): (?P<msg>.*)$")
-CALL = re.compile(r"false when calling (?P<call>longest_cached_run\(.*\)) \(which returns (?P<ret>-?\d+)\)")
+CALL = re.compile(
+    r"false when calling (?P<call>longest_cached_run\(.*\)) \(which returns (?P<ret>-?\d+)\)"
+)
 
 
 def run_crosshair(*targets: str, report_all: bool = False) -> subprocess.CompletedProcess[str]:
@@ -45,13 +49,14 @@ def run_crosshair(*targets: str, report_all: bool = False) -> subprocess.Complet
         sys.executable, "-m", "crosshair", "check",
         "--analysis_kind=icontract",
         f"--per_condition_timeout={PER_CONDITION_TIMEOUT}",
+        f"--extra_plugin={PLUGIN}",
         *(["--report_all"] if report_all else []),
         *targets,
     ]
     try:
         return subprocess.run(
             command, cwd=REPO, capture_output=True, text=True, timeout=SUBPROCESS_TIMEOUT,
-            check=False,
+            check=False, env={**os.environ, "KVORACLE_CONTRACTS": "1"},  # CrossHair needs them
         )
     except subprocess.TimeoutExpired as exc:  # pragma: no cover - only on a hung run
         pytest.fail(f"crosshair did not finish within {SUBPROCESS_TIMEOUT}s: {exc}")
@@ -74,7 +79,7 @@ def parse_call(call: str) -> dict[str, object]:
     node = ast.parse(call, mode="eval").body
     assert isinstance(node, ast.Call)
     names = ("cached", "max_length", "block_size")
-    args = dict(zip(names, (ast.literal_eval(a) for a in node.args)))
+    args = dict(zip(names, (ast.literal_eval(a) for a in node.args), strict=False))
     args.update({k.arg: ast.literal_eval(k.value) for k in node.keywords if k.arg})
     assert set(args) == set(names), call
     return args
@@ -143,6 +148,7 @@ def test_crosshair_spec_script_is_well_formed() -> None:
     assert text.startswith("#!/usr/bin/env bash")
     assert "set -euo pipefail" in text
     assert "--analysis_kind=icontract" in text and "--per_condition_timeout" in text
+    assert PLUGIN.name in text and PLUGIN.is_file()
     syntax = subprocess.run(["bash", "-n", str(SCRIPT)], capture_output=True, text=True,
                             timeout=30, check=False)
     assert syntax.returncode == 0, syntax.stderr

@@ -1,0 +1,179 @@
+"""Deliberately broken engines: each re-creates one plausible bug in a KV-cache manager.
+
+The meta-tests run the conformance suite against each and require it to fail
+with the named rule. Each engine is the reference adapter with exactly one
+behaviour replaced; ``EXPECTED`` maps the engine to the rule that must fail.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+
+from kvoracle.conformance.engines.reference import ReferenceEngine
+from kvoracle.reference import BlockPool, FullAttentionManager, KVCacheManager
+from kvoracle.reference.block import KVCacheBlock
+from kvoracle.spec import lifecycle
+
+
+def _patch_manager(engine: ReferenceEngine, manager_class: type[FullAttentionManager] | None = None,
+                   pool_class: type[BlockPool] | None = None) -> KVCacheManager:
+    """Rebuild ``engine.manager``'s single-type manager and pool from broken classes."""
+    manager = engine.manager
+    assert manager is not None and engine.config is not None
+    coordinator = manager.coordinator
+    if pool_class is not None:
+        coordinator.pool = manager.pool = pool_class(engine.config.num_blocks,
+                                                     engine.config.enable_caching)
+    if manager_class is not None or pool_class is not None:
+        cls = manager_class or type(coordinator.manager)
+        coordinator.manager = cls(engine.config.block_size, coordinator.pool, group_id=0)
+        coordinator.managers = (coordinator.manager,)
+    return manager
+
+
+class _Broken(ReferenceEngine):
+    manager_class: type[FullAttentionManager] | None = None
+    pool_class: type[BlockPool] | None = None
+
+    def configure(self, config) -> None:
+        super().configure(config)
+        _patch_manager(self, self.manager_class, self.pool_class)
+
+
+# -- 1. frees a request's blocks head first --------------------------------------------------
+class _ForwardFreeManager(FullAttentionManager):
+    def free(self, request_id: str) -> None:
+        table = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        self.pool.free_blocks([b for b in table if not b.is_null])  # bug: not reversed
+
+
+class ForwardFree(_Broken):
+    name = "broken-forward-free"
+    manager_class = _ForwardFreeManager
+
+
+# -- 2. forgets that touching a free hit consumes a free block -------------------------------
+class _NoEvictableHitsManager(FullAttentionManager):
+    def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
+                               new_computed_blocks: Sequence[KVCacheBlock]) -> int:
+        return lifecycle.num_blocks_to_allocate(  # bug: evictable hits counted as 0
+            num_tokens, self.block_size, len(self.req_to_blocks.get(request_id, ())),
+            len(new_computed_blocks), 0)
+
+
+class ForgetsEvictableHits(_Broken):
+    name = "broken-forgets-evictable-hits"
+    manager_class = _NoEvictableHitsManager
+
+
+# -- 3. the hit is one block short ----------------------------------------------------------
+class _ShortHitManager(FullAttentionManager):
+    def find_longest_cache_hit(self, block_hashes, max_length, use_eagle):
+        hit = []
+        for block_hash in block_hashes[: max_length // self.block_size]:
+            block = self.pool.get_cached_block((block_hash, self.group_id))
+            if block is None:
+                break
+            hit.append(block)
+        if use_eagle and hit:
+            hit.pop()
+        hit = hit[:-1]  # bug: off by one block
+        return hit, len(hit) * self.block_size
+
+
+class HitOneBlockShort(_Broken):
+    name = "broken-hit-one-block-short"
+    manager_class = _ShortHitManager
+
+
+# -- 4. the lookup bound is off by one block ------------------------------------------------
+class _PastBoundManager(FullAttentionManager):
+    def find_longest_cache_hit(self, block_hashes, max_length, use_eagle):
+        hit = []
+        for block_hash in block_hashes[: max_length // self.block_size + 1]:  # bug: + 1
+            block = self.pool.get_cached_block((block_hash, self.group_id))
+            if block is None:
+                break
+            hit.append(block)
+        if use_eagle and hit:
+            hit.pop()
+        return hit, len(hit) * self.block_size
+
+
+class HitPastBound(_Broken):
+    name = "broken-hit-past-bound"
+    manager_class = _PastBoundManager
+
+
+# -- 5. touch leaves free hits in the free queue (a referenced block can be evicted) ---------
+class _TouchKeepsFreePool(BlockPool):
+    def touch(self, blocks) -> None:
+        for block in blocks:
+            if not block.is_null:
+                block.ref_cnt += 1  # bug: a ref-count-0 hit stays in the free queue
+
+
+class TouchLeavesHitsFree(_Broken):
+    name = "broken-touch-leaves-hits-free"
+    pool_class = _TouchKeepsFreePool
+
+
+# -- 6. caches blocks although the caller asked to delay caching ----------------------------
+class IgnoresDelayCache(ReferenceEngine):
+    name = "broken-ignores-delay-cache"
+
+    def allocate(self, request_id, num_new_tokens, num_new_computed_tokens,
+                 num_lookahead_tokens=0, delay_cache_blocks=False):
+        return super().allocate(request_id, num_new_tokens, num_new_computed_tokens,
+                                num_lookahead_tokens, delay_cache_blocks=False)  # bug
+
+
+# -- 7. hashed blocks are prepended like unhashed ones (cached prefixes evicted first) -------
+class _PrependAllPool(BlockPool):
+    def free_blocks(self, blocks) -> None:
+        released = []
+        for block in blocks:
+            if block.is_null:
+                continue
+            block.ref_cnt -= 1
+            if block.ref_cnt == 0:
+                released.append(block)
+        self.free_queue.prepend_n(released)  # bug: hashed blocks too
+
+
+class PrependsHashedBlocks(_Broken):
+    name = "broken-prepends-hashed-blocks"
+    pool_class = _PrependAllPool
+
+
+# -- 8. an engine that hangs, and one that raises -------------------------------------------
+class HangsOnEvict(ReferenceEngine):
+    """Never returns from evict: the suite must report an engine error and go on."""
+
+    name = "broken-hangs-on-evict"
+
+    def evict(self, block_ids) -> None:
+        time.sleep(3600)
+
+
+class RaisesOnReset(ReferenceEngine):
+    name = "broken-raises-on-reset"
+
+    def reset_prefix_cache(self) -> bool:
+        raise RuntimeError("reset is not implemented")
+
+
+#: Engine class name -> the rule the suite must report as failing (or erroring).
+EXPECTED = {
+    "ForwardFree": "KV-POOL-007",
+    "ForgetsEvictableHits": "KV-LIFE-003",
+    "HitOneBlockShort": "KV-FULL-001",
+    "HitPastBound": "KV-LIFE-001",
+    "TouchLeavesHitsFree": "KV-POOL-010",
+    "IgnoresDelayCache": "KV-LIFE-008",
+    "PrependsHashedBlocks": "KV-POOL-006",
+    "HangsOnEvict": "KV-POOL-013",
+    "RaisesOnReset": "KV-POOL-014",
+}
