@@ -440,6 +440,10 @@ class LockstepDriver:
                   lambda: f"new blocks {actual[0]} include the request's own hits {hits}")
             check("KV-POOL-004", actual == expected,
                   lambda: _diff("newly allocated blocks", expected, actual))
+        if hits and after.free_queue is not None and after.ref_counts is not None:
+            queue = set(after.free_queue)
+            check("KV-POOL-008", all(b not in queue and after.ref_counts[b] >= 1 for b in hits),
+                  lambda: f"hit blocks {hits} are still free after being touched")
         check("KV-LIFE-014", table[:len(old_table)] == old_table,
               lambda: f"table {old_table} became {table}: not append-only")
         check("KV-LIFE-005", table == old_table + tuple(hits) + tuple(actual[0]),
@@ -487,14 +491,21 @@ class LockstepDriver:
 
     def _Evict(self, step: Evict) -> None:
         before = self.call("observe")
-        self.model.evict(step.block_ids)
-        self.call("evict", step.block_ids)
+        model_ids, engine_ids = step.block_ids, step.block_ids
+        if not self.capabilities.exact_block_ids:
+            # Block ids are the reference's; evict only blocks whose engine counterpart is
+            # known (same table position, or the only block under the same cache key).
+            pairs = _id_correspondence(self.model.observe(), before)
+            model_ids = tuple(b for b in step.block_ids if b in pairs)
+            engine_ids = tuple(pairs[b] for b in model_ids)
+        self.model.evict(model_ids)
+        self.call("evict", engine_ids)
         actual = self._judge(_rules(default="KV-POOL-013"))
         check = self.verdicts.check
         check("KV-POOL-013", _state(actual, with_cache=False) == _state(before, with_cache=False),
               "evict_blocks changed ref counts, tables or the free queue")
         if actual.cached is not None:
-            left = {b for blocks in actual.cached.values() for b in blocks} & set(step.block_ids)
+            left = {b for blocks in actual.cached.values() for b in blocks} & set(engine_ids)
             check("KV-POOL-013", not left, lambda: f"blocks {sorted(left)} are still cached")
 
     def _ResetPrefixCache(self, step: ResetPrefixCache) -> None:
@@ -567,3 +578,17 @@ def _forward_free_queue(before: Observation, request_id: str, caching: bool
             released.append(block_id)
             hashed.append(caching and block_id in keyed)
     return pool_spec.queue_after_release(before.free_queue, tuple(released), tuple(hashed))
+
+
+def _id_correspondence(expected: Observation, actual: Observation) -> dict[int, int]:
+    """Reference block id -> engine block id, where the observations pin it down."""
+    pairs: dict[int, int] = {}
+    for request_id, groups in expected.block_tables.items():
+        for mine, theirs in zip(groups, actual.block_tables.get(request_id, ())):
+            pairs.update(zip(mine, theirs))
+    for key, blocks in (expected.cached or {}).items():
+        theirs = (actual.cached or {}).get(key, ())
+        if len(blocks) == 1 and len(theirs) == 1:
+            pairs.setdefault(blocks[0], theirs[0])
+    pairs.pop(0, None)
+    return pairs

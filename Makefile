@@ -1,0 +1,38 @@
+# The two commands of the README. Each sets itself up on a fresh machine: a virtual
+# environment in .venv with the pinned development tools and kvoracle installed editable.
+# Nothing here installs torch (kvoracle.gpu's extra); see the README for that.
+
+VENV ?= .venv
+PYTHON ?= python3
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.kvoracle-installed
+
+.PHONY: check test lint crosshair clean
+
+$(STAMP): pyproject.toml requirements-dev.txt
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -r requirements-dev.txt
+	$(BIN)/python -m pip install --quiet -e .
+	touch $(STAMP)
+
+## Run the conformance suite against the embedded reference engine and print the verdicts.
+check: $(STAMP)
+	$(BIN)/kvoracle check
+
+## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
+## conformance run with a JSON report, and CrossHair over the spec.
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/pytest
+	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
+	bash scripts/crosshair_spec.sh
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+
+crosshair: $(STAMP)
+	bash scripts/crosshair_spec.sh
+
+clean:
+	rm -rf $(VENV) build kvoracle-replays *.egg-info

@@ -1,0 +1,232 @@
+"""Tests of the conformance machinery itself: runner, verdicts, replay, CLI, plugin, layout."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import broken_engines
+import icontract
+import pytest
+
+from kvoracle.conformance import steps as s
+from kvoracle.conformance.adapter import Capabilities, EngineAdapter
+from kvoracle.conformance.engines import EngineLoadError, engine_spec_of, load_engine
+from kvoracle.conformance.engines.reference import ReferenceEngine
+from kvoracle.conformance.replay import replay, write_replay
+from kvoracle.conformance.runner import RunOptions, run_suite
+from kvoracle.conformance.verdicts import (
+    Counterexample,
+    RuleViolation,
+    Verdicts,
+    applicability,
+)
+from kvoracle.reference import BlockPool, ManagerConfig
+from kvoracle.spec import ConfigError, all_rules
+
+REPO = Path(__file__).parent.parent
+
+
+def _cli(*args: str, cwd: Path | None = None, env: dict | None = None
+         ) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvoracle", *args], capture_output=True,
+                          text=True, cwd=cwd, env=env, timeout=600)
+
+
+# -- the reference passes its own suite ------------------------------------------------------
+def test_reference_conforms_and_every_applicable_rule_is_exercised(tmp_path: Path) -> None:
+    result = run_suite("reference", RunOptions(max_examples=60, replay_dir=tmp_path))
+    outcomes = {rule: o.outcome for rule, o in result.verdicts.outcomes.items()}
+    assert result.ok, outcomes
+    assert result.internal_errors == []
+    assert set(outcomes.values()) == {"pass", "not-applicable"}
+    assert not list(tmp_path.iterdir())  # no counterexample, no replay file
+
+
+def test_reference_adapter_satisfies_the_protocol() -> None:
+    assert isinstance(ReferenceEngine(), EngineAdapter)
+
+
+# -- verdicts --------------------------------------------------------------------------------
+def test_rules_needing_unclaimed_capabilities_are_not_applicable_never_passed() -> None:
+    caps = Capabilities(exact_block_ids=False, eagle=False, common_prefix="cascade")
+    assert applicability("KV-POOL-004", caps) == "engine does not claim exact_block_ids"
+    assert applicability("KV-FULL-003", caps) == "engine does not claim eagle"
+    assert applicability("KV-LIFE-010", caps) is not None
+    assert applicability("KV-LIFE-011", caps) is None
+    assert applicability("KV-CFG-001", caps) is not None
+    verdicts = Verdicts(caps)
+    verdicts.check("KV-POOL-004", False, "ignored: not applicable")
+    assert verdicts.outcomes["KV-POOL-004"].outcome == "not-applicable"
+    assert verdicts.outcomes["KV-FULL-001"].outcome == "unexercised"
+    assert not verdicts.ok()
+
+
+def test_a_failed_check_raises_a_violation_naming_the_rule() -> None:
+    verdicts = Verdicts(Capabilities())
+    verdicts.check("KV-POOL-011", True)
+    with pytest.raises(RuleViolation, match="KV-POOL-011") as raised:
+        verdicts.check("KV-POOL-011", False, "counts differ")
+    assert raised.value.rule_id == "KV-POOL-011"
+    verdicts.record(Counterexample("KV-POOL-011", "counts differ", []))
+    assert verdicts.outcomes["KV-POOL-011"].outcome == "fail"
+
+
+def test_expected_failures_are_strict() -> None:
+    verdicts = Verdicts(Capabilities(), expectations={"KV-POOL-007": "known divergence"})
+    verdicts.check("KV-POOL-007", True)
+    assert verdicts.outcomes["KV-POOL-007"].outcome == "unexpected-pass"
+    verdicts.record(Counterexample("KV-POOL-007", "diverges", []))
+    assert verdicts.outcomes["KV-POOL-007"].outcome == "expected-fail"
+
+
+# -- replays ---------------------------------------------------------------------------------
+FORWARD_FREE_STEPS = [
+    s.Configure(ManagerConfig(num_blocks=4, block_size=2, max_model_len=8)),
+    s.AddRequest("r0", (1, 2, 3, 4, 5)),
+    s.Schedule("r0", 5),
+    s.Free("r0"),
+]
+
+
+def test_replay_finds_the_rule_and_the_reference_passes_the_same_steps() -> None:
+    with pytest.raises(RuleViolation, match="KV-POOL-007"):
+        replay(broken_engines.ForwardFree, FORWARD_FREE_STEPS)
+    verdicts = replay("reference", FORWARD_FREE_STEPS)
+    assert verdicts.outcomes["KV-POOL-007"].checks >= 1
+
+
+def test_replay_file_is_a_runnable_pytest_module(tmp_path: Path) -> None:
+    example = Counterexample("KV-POOL-007", "free queue differs", FORWARD_FREE_STEPS)
+    path = write_replay(tmp_path, "broken_engines:ForwardFree", example)
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    assert namespace["STEPS"] == FORWARD_FREE_STEPS
+    with pytest.raises(RuleViolation, match="KV-POOL-007"):
+        namespace[f"test_{path.stem[5:]}"]()
+
+
+# -- engines by name -------------------------------------------------------------------------
+def test_engine_loading_errors_are_clear() -> None:
+    assert load_engine("reference") is ReferenceEngine
+    assert engine_spec_of(ReferenceEngine) == "reference"
+    assert engine_spec_of(broken_engines.ForwardFree) == "broken_engines:ForwardFree"
+    with pytest.raises(EngineLoadError, match="module:Class"):
+        load_engine("no-colon")
+    with pytest.raises(EngineLoadError, match="cannot import"):
+        load_engine("no_such_module_xyz:Engine")
+    with pytest.raises(EngineLoadError, match="has no attribute"):
+        load_engine("broken_engines:NoSuchEngine")
+
+
+# -- bad input -------------------------------------------------------------------------------
+@pytest.mark.parametrize(("kwargs", "parameter", "rule_id"), [
+    ({"num_blocks": 1}, "num_blocks", "KV-CFG-001"),
+    ({"block_size": 0}, "block_size", "KV-CFG-002"),
+    ({"max_model_len": 0}, "max_model_len", "KV-CFG-003"),
+    ({"hash_block_size": 3}, "hash_block_size", "KV-CFG-004"),
+    ({"block_size": 4, "hash_block_size": 2}, "hash_block_size", "KV-CFG-004"),
+])
+def test_impossible_configs_name_the_parameter_and_rule(kwargs, parameter, rule_id) -> None:
+    values = {"num_blocks": 8, "block_size": 4, "max_model_len": 32, **kwargs}
+    with pytest.raises(ConfigError) as raised:
+        ManagerConfig(**values)
+    assert raised.value.parameter == parameter
+    assert raised.value.rule_id == rule_id
+    assert str(raised.value).startswith(f"{rule_id}: {parameter}:")
+
+
+def test_negative_token_counts_are_rejected_with_the_rule() -> None:
+    engine = ReferenceEngine()
+    engine.configure(ManagerConfig(num_blocks=8, block_size=4, max_model_len=32))
+    engine.add_request("r0", (1, 2, 3))
+    with pytest.raises(ConfigError, match="KV-CFG-005: num_lookahead_tokens"):
+        engine.allocate("r0", 3, 0, num_lookahead_tokens=-1)
+    with pytest.raises(ValueError, match="KV-LIFE-013"):
+        engine.allocate("r0", 0, 0)
+
+
+def test_contract_violations_in_the_reference_name_their_rule() -> None:
+    if os.environ.get("KVORACLE_CONTRACTS", "1") == "0":
+        pytest.skip("contracts are switched off in this process")
+    pool = BlockPool(4, enable_caching=True)
+    with pytest.raises(icontract.ViolationError, match="KV-POOL-004"):
+        pool.get_new_blocks(4)
+
+
+def test_contracts_switch_off_in_a_fresh_process() -> None:
+    code = ("from kvoracle.reference import BlockPool, CONTRACTS_ENABLED; "
+            "print(CONTRACTS_ENABLED, hasattr(BlockPool.get_new_blocks, '__wrapped__'))")
+    for value, expected in (("0", "False False"), ("1", "True True")):
+        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                              env={**os.environ, "KVORACLE_CONTRACTS": value}, timeout=120)
+        assert done.stdout.split() == expected.split(), done.stderr
+
+
+# -- the command -----------------------------------------------------------------------------
+def test_cli_rules_lists_every_rule() -> None:
+    done = _cli("rules")
+    assert done.returncode == 0
+    for rule in all_rules():
+        assert rule.id in done.stdout
+
+
+def test_cli_check_writes_a_json_report(tmp_path: Path) -> None:
+    report = tmp_path / "report.json"
+    done = _cli("check", "--max-examples", "20", "--seed", "7", "--json", str(report),
+                cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "RESULT: OK" in done.stdout
+    data = json.loads(report.read_text())
+    assert data["engine"]["name"] == "reference"
+    assert data["seed"] == 7
+    assert data["ok"] is True
+    assert {r["id"] for r in data["rules"]} == {r.id for r in all_rules()}
+
+
+def test_cli_bad_arguments_exit_2_with_a_message(tmp_path: Path) -> None:
+    done = _cli("check", "--engine", "nowhere_module:Engine", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "cannot import nowhere_module" in done.stderr
+    done = _cli("check", "--max-examples", "0", cwd=tmp_path)
+    assert done.returncode == 2
+    assert "--max-examples must be >= 1" in done.stderr
+
+
+def test_pytest_plugin_turns_rules_into_items(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
+         "--kvoracle-engine=reference", "--kvoracle-max-examples=30", "-rs"],
+        capture_output=True, text=True, cwd=tmp_path, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(all_rules()) - 7} passed, 7 skipped" in done.stdout
+    assert "KV-LIFE-011 not applicable" in done.stdout
+
+
+# -- packaging -------------------------------------------------------------------------------
+def test_only_the_kvoracle_namespace_is_installed() -> None:
+    code = ("import importlib.util as u, json; print(json.dumps({n: u.find_spec(n) is not None "
+            "for n in ['spec', 'reference', 'conformance', 'gpu', 'namespace', 'kvoracle.spec', "
+            "'kvoracle.reference', 'kvoracle.conformance']}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd="/", timeout=120)
+    found = json.loads(done.stdout)
+    assert found == {"spec": False, "reference": False, "conformance": False, "gpu": False,
+                     "namespace": False, "kvoracle.spec": True, "kvoracle.reference": True,
+                     "kvoracle.conformance": True}
+    assert importlib.util.find_spec("kvoracle.gpu") is not None
+
+
+def test_spec_reference_conformance_import_without_torch() -> None:
+    code = ("import sys\nsys.modules['torch'] = None\n"
+            "import kvoracle.spec, kvoracle.reference, kvoracle.conformance.runner\n"
+            "import kvoracle.conformance.cli, kvoracle.conformance.plugin\n"
+            "try:\n import kvoracle.gpu\nexcept ImportError as e: print('gpu:', e)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          cwd="/", timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert "gpu: kvoracle.gpu needs torch" in done.stdout
