@@ -25,7 +25,7 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition,
 
 from kvoracle.reference import ManagerConfig
 
-from .adapter import EngineAdapter
+from .adapter import Capabilities, EngineAdapter
 from .lockstep import LockstepDriver, Quarantine
 from .steps import (
     AddRequest,
@@ -110,8 +110,15 @@ class LockstepMachine(RuleBasedStateMachine):
                 and operation not in self.round_quarantine)
 
     # -- rules ---------------------------------------------------------------------------
-    @initialize(config=manager_configs())
-    def configure(self, config: ManagerConfig) -> None:
+    @property
+    def caps(self) -> Capabilities:
+        """What the engine claims: the machine only generates what it claims to support."""
+        return self.verdicts.capabilities
+
+    @initialize(data=st.data())
+    def configure(self, data: st.DataObject) -> None:
+        config = data.draw(manager_configs(allow_caching_off=self.caps.caching_off,
+                                           allow_eagle=self.caps.eagle), label="config")
         self.driver = LockstepDriver(type(self).engine_factory, self.verdicts,
                                      self.step_timeout, self.quarantine)
         self.driver.apply(Configure(config))
@@ -123,22 +130,31 @@ class LockstepMachine(RuleBasedStateMachine):
         config = self._config()
         live = [tuple(r.all_token_ids) for r in self.model.requests.values()]
         prefix: tuple[int, ...] = ()
-        source = data.draw(st.sampled_from(["fresh", "live", "past", "past"]), label="source")
-        corpus = {"fresh": [], "live": live, "past": self.history}[source] or live or self.history
+        source = data.draw(st.sampled_from(["fresh", "live", "past", "past", "resend"]),
+                           label="source")
+        corpus = {"fresh": [], "live": live, "past": self.history,
+                  "resend": live + self.history}[source] or live or self.history
         if source != "fresh" and corpus:
             # Prefixes of live requests hit referenced blocks; prefixes of past (finished or
             # preempted) requests hit cached blocks waiting in the free queue.
             base = data.draw(st.sampled_from(corpus), label="base")
             blocks = len(base) // config.block_size
-            cut = data.draw(st.one_of(
+            cut = len(base) if source == "resend" else data.draw(st.one_of(
                 st.just(len(base)),
                 st.integers(0, blocks).map(lambda b: b * config.block_size),
                 st.integers(0, len(base))), label="cut")
             prefix = base[:cut]
-        suffix = tuple(data.draw(st.lists(TOKENS, min_size=0 if prefix else 1,
-                                          max_size=2 * config.block_size + 2), label="suffix"))
+        if source == "resend" and prefix:
+            # The same prompt again: its last block cannot be hit (num_tokens - 1), so it is
+            # computed and cached a second time -- two blocks under one key (KV-POOL-009).
+            suffix: tuple[int, ...] = ()
+        else:
+            suffix = tuple(data.draw(st.lists(TOKENS, min_size=0 if prefix else 1,
+                                              max_size=2 * config.block_size + 2),
+                                     label="suffix"))
         prompt = (prefix + suffix)[: config.max_model_len - 1] or (0,)
-        salt = data.draw(st.sampled_from([None, None, None, "salt-1"]), label="salt")
+        salt = data.draw(st.sampled_from([None, None, None, "salt-1"]), label="salt") \
+            if self.caps.cache_salt else None
         self.driver.apply(AddRequest(f"r{next(self.ids)}", prompt, salt))
 
     def _schedulable(self) -> list[str]:
@@ -159,8 +175,8 @@ class LockstepMachine(RuleBasedStateMachine):
             num_draft_tokens=data.draw(st.sampled_from([0, 0, 1, 2]), label="drafts")
             if running else 0,
             num_lookahead_tokens=data.draw(st.sampled_from([0, 0, 1, config.block_size]),
-                                           label="lookahead"),
-            delay_cache_blocks=False if running else data.draw(
+                                           label="lookahead") if self.caps.lookahead else 0,
+            delay_cache_blocks=False if running or not self.caps.delay_cache else data.draw(
                 st.sampled_from([False, False, False, True]), label="delay")))
 
     # Hypothesis picks among rules uniformly: two more names for `schedule` make it the most
@@ -196,7 +212,8 @@ class LockstepMachine(RuleBasedStateMachine):
     def query(self, data: st.DataObject) -> None:
         """Read-only questions: a bounded lookup, common prefix blocks, an empty allocation."""
         kinds = ["probe", "probe"]
-        if self._running() and self._can("common_prefix_blocks"):
+        if self._running() and self._can("common_prefix_blocks") \
+                and self.caps.common_prefix != "none":
             kinds.append("common_prefix")
         if self._running() and self._can("allocate"):
             kinds.append("empty_allocation")
@@ -212,12 +229,18 @@ class LockstepMachine(RuleBasedStateMachine):
         self.driver.apply(CommonPrefix(request_id) if kind == "common_prefix"
                           else EmptyAllocation(request_id))
 
-    @precondition(lambda self: self._can("evict") or self._can("reset_prefix_cache"))
+    def _can_evict(self) -> bool:
+        return self.caps.evict and self._can("evict")
+
+    def _can_reset(self) -> bool:
+        return self.caps.reset and self._can("reset_prefix_cache")
+
+    @precondition(lambda self: self._can_evict() or self._can_reset())
     @rule(data=st.data())
     def maintenance(self, data: st.DataObject) -> None:
         """A connector evicts blocks, or an RL loop resets the prefix cache."""
-        kinds = (["evict"] * 2 if self._can("evict") else []) + \
-            (["reset"] if self._can("reset_prefix_cache") else [])
+        kinds = (["evict"] * 2 if self._can_evict() else []) + \
+            (["reset"] if self._can_reset() else [])
         if data.draw(st.sampled_from(kinds), label="maintenance") == "reset":
             self.driver.apply(ResetPrefixCache())
             return

@@ -39,8 +39,8 @@ def format_table(result: RunResult) -> str:
         rule = get_rule(rule_id)
         rows.append((rule_id, rule.title[:52], _MARKS[outcome.outcome],
                      str(outcome.checks), _detail(result, rule_id)))
-    widths = [max(len(row[i]) for row in rows) for i in range(4)]
     header = ("rule", "title", "verdict", "checks")
+    widths = [max(len(row[i]) for row in [*rows, header]) for i in range(4)]
     lines = ["  ".join(h.ljust(w) for h, w in zip(header, widths)) + "  detail"]
     lines.append("-" * (sum(widths) + 8 + 6))
     for row in rows:

@@ -23,14 +23,15 @@ def rules_markdown() -> str:
         rules = by_chapter.get(getattr(chapter, "CHAPTER", name), [])
         if not rules:
             continue
-        title = (chapter.__doc__ or name).strip().splitlines()[0]
+        title = (chapter.__doc__ or name).strip().splitlines()[0].rstrip(".").replace("``", "`")
         lines += [f"## {title}", "", "| ID | Rule | Kind | Stated by | Needs | Source |",
                   "| --- | --- | --- | --- | --- | --- |"]
         for rule in sorted(rules, key=lambda r: r.id):
             text = f"**{rule.title}.** {rule.text}".replace("|", "\\|")
-            stated = ", ".join(f"`{d}`" for d in rule.definitions) or "lockstep check"
+            stated = ", ".join(f"`{d}`" for d in rule.definitions) or (
+                "kvoracle's input checks" if rule.kind == "validation" else "lockstep check")
             needs = ", ".join(REQUIREMENTS.get(rule.id, ())) or "-"
             lines.append(f"| {rule.id} | {text} | {rule.kind} | {stated} | {needs} | "
                          f"{rule.source.replace('|', '/')} |")
         lines.append("")
-    return "\n".join(lines)
+    return "\n".join(lines).rstrip("\n")

@@ -40,6 +40,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "KV-HASH-005": ("cache_map",),
     "KV-HASH-006": ("hash_block_views",),
     "KV-HASH-007": ("request_hashes", "cache_salt"),
+    "KV-POOL-002": ("ref_counts",),
     "KV-POOL-003": ("exact_block_ids", "free_queue"),
     "KV-POOL-004": ("exact_block_ids",),
     "KV-POOL-005": ("exact_block_ids", "cache_map"),
@@ -57,7 +58,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "KV-LIFE-006": ("exact_block_ids",),
     "KV-LIFE-007": ("cache_map",),
     "KV-LIFE-008": ("delay_cache", "cache_map"),
-    "KV-LIFE-012": ("caching_off",),
+    "KV-LIFE-012": ("caching_off", "cache_map"),
 }
 
 

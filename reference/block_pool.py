@@ -17,7 +17,7 @@ def _free_iff_unreferenced(pool: BlockPool) -> bool:
     in_queue = [False] * pool.num_blocks
     for block in pool.free_queue:
         in_queue[block.block_id] = True
-    return spec.free_iff_unreferenced(pool.ref_counts(), tuple(in_queue))
+    return spec.free_iff_unreferenced(pool._ref_counts(), tuple(in_queue))
 
 
 def _cache_map_consistent(pool: BlockPool) -> bool:
@@ -32,6 +32,35 @@ def _cache_map_consistent(pool: BlockPool) -> bool:
     return all(
         (block.cache_key is None) == (block.block_id not in listed) for block in pool.blocks
     ) and 0 not in listed
+
+
+def _is_first_cached(pool: BlockPool, key: CacheKey, block: KVCacheBlock | None) -> bool:
+    """KV-POOL-009: a lookup of ``key`` returning ``block`` returns the first block cached."""
+    return block is None or block.block_id == spec.lookup_block(tuple(pool.cached[key]))
+
+
+def _can_cache(pool: BlockPool, block: KVCacheBlock) -> bool:
+    """KV-POOL-002/KV-POOL-015: only a non-null uncached block is cached (caching on)."""
+    return pool.enable_caching and not block.is_null and block.cache_key is None
+
+
+def _can_cache_all(pool: BlockPool, pairs: Sequence[tuple[KVCacheBlock, CacheKey]]) -> bool:
+    """:func:`_can_cache` for each block of a batch, as if cached one after the other.
+
+    A block listed twice would be cached already at its second occurrence.
+    """
+    return (all(_can_cache(pool, block) for block, _ in pairs)
+            and len({id(block) for block, _ in pairs}) == len(pairs))
+
+
+def _cached_after_batch(under_key: dict[CacheKey, tuple[int, ...]],
+                        pairs: Sequence[tuple[KVCacheBlock, CacheKey]]
+                        ) -> dict[CacheKey, tuple[int, ...]]:
+    """KV-POOL-009 over a batch: each key's blocks, old ones first, then the batch's in order."""
+    expected = {key: list(block_ids) for key, block_ids in under_key.items()}
+    for block, key in pairs:
+        expected[key].append(block.block_id)
+    return {key: tuple(block_ids) for key, block_ids in expected.items()}
 
 
 def _released_in_order(pool: BlockPool, blocks: Sequence[KVCacheBlock]
@@ -83,6 +112,15 @@ class BlockPool:
 
     # -- observation -----------------------------------------------------------------
     def ref_counts(self) -> tuple[int, ...]:
+        return self._ref_counts()
+
+    def _ref_counts(self) -> tuple[int, ...]:
+        """``ref_counts`` without the class-invariant checks icontract puts around it.
+
+        For contract conditions (here and in the managers): reading the counts
+        changes nothing, so checking the O(num_blocks) invariants around it only
+        costs time.
+        """
         return tuple(block.ref_cnt for block in self.blocks)
 
     def num_free_blocks(self) -> int:
@@ -94,11 +132,19 @@ class BlockPool:
         return spec.usage(len(self.free_queue), self.num_blocks)
 
     # -- lookup ----------------------------------------------------------------------
-    @icontract.ensure(lambda self, key, result: result is None
-                      or result.block_id == spec.lookup_block(tuple(self.cached[key])),
+    @icontract.ensure(lambda self, key, result: _is_first_cached(self, key, result),
                       "KV-POOL-009: a lookup returns the first block cached under the key",
                       enabled=ENABLED)
     def get_cached_block(self, key: CacheKey) -> KVCacheBlock | None:
+        return self._cached_block(key)
+
+    def _cached_block(self, key: CacheKey) -> KVCacheBlock | None:
+        """The lookup itself, for the managers' per-block lookups and their contracts.
+
+        Non-public, so icontract does not check the class invariants around each call
+        (a lookup changes nothing); callers check KV-POOL-009 with
+        :func:`_is_first_cached` where they rely on it.
+        """
         blocks = self.cached.get(key)
         if not blocks:
             return None
@@ -165,8 +211,7 @@ class BlockPool:
         self.free_queue.append_n(evict_last)
 
     # -- caching ---------------------------------------------------------------------
-    @icontract.require(lambda self, block: self.enable_caching and not block.is_null
-                       and block.cache_key is None,
+    @icontract.require(lambda self, block: _can_cache(self, block),
                        "KV-POOL-002/KV-POOL-015: only a non-null uncached block is cached",
                        enabled=ENABLED)
     @icontract.snapshot(lambda self, key: tuple(self.cached.get(key, ())), name="under_key",
@@ -175,6 +220,28 @@ class BlockPool:
                       == (*OLD.under_key, block.block_id),
                       "KV-POOL-009: caching appends, never replaces", enabled=ENABLED)
     def cache_block(self, block: KVCacheBlock, key: CacheKey) -> None:
+        self._cache(block, key)
+
+    @icontract.require(lambda self, pairs: _can_cache_all(self, pairs),
+                       "KV-POOL-002/KV-POOL-015: only a non-null uncached block is cached",
+                       enabled=ENABLED)
+    @icontract.snapshot(lambda self, pairs: {key: tuple(self.cached.get(key, ()))
+                                             for _, key in pairs},
+                        name="under_key", enabled=ENABLED)
+    @icontract.ensure(lambda self, pairs, OLD: all(
+        tuple(self.cached.get(key, ())) == block_ids
+        for key, block_ids in _cached_after_batch(OLD.under_key, pairs).items()),
+        "KV-POOL-009: caching appends, never replaces", enabled=ENABLED)
+    def cache_blocks(self, pairs: Sequence[tuple[KVCacheBlock, CacheKey]]) -> None:
+        """``cache_block(block, key)`` for each pair, in order, as one pool operation.
+
+        The class invariants are checked once around the batch instead of around
+        every block.
+        """
+        for block, key in pairs:
+            self._cache(block, key)
+
+    def _cache(self, block: KVCacheBlock, key: CacheKey) -> None:
         block.cache_key = key
         self.cached.setdefault(key, {})[block.block_id] = block
 

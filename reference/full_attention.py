@@ -10,14 +10,19 @@ from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import full_attention as spec
 from kvoracle.spec import lifecycle
 
-from .block import KVCacheBlock
-from .block_pool import BlockPool
+from .block import CacheKey, KVCacheBlock
+from .block_pool import BlockPool, _is_first_cached
 from .contracts import ENABLED
 from .request import Request
 
 
+# The lookups below go through the pool's non-public ``_cached_block``, which icontract
+# does not wrap: a lookup changes nothing, so checking the pool's O(num_blocks) class
+# invariants around each one (and again inside these postconditions) only costs time.
+# KV-POOL-009, the contract of the public ``get_cached_block``, is checked on the hit
+# blocks by a postcondition of ``find_longest_cache_hit``.
 def _cached_flags(pool: BlockPool, hashes: Sequence[bytes], group_id: int) -> tuple[bool, ...]:
-    return tuple(pool.get_cached_block((h, group_id)) is not None for h in hashes)
+    return tuple(pool._cached_block((h, group_id)) is not None for h in hashes)
 
 
 class FullAttentionManager:
@@ -45,14 +50,18 @@ class FullAttentionManager:
                       "KV-FULL-004: the hit length is the number of hit blocks times block size",
                       enabled=ENABLED)
     @icontract.ensure(lambda self, block_hashes, result: all(
-        block is self.pool.get_cached_block((h, self.group_id))
+        block is self.pool._cached_block((h, self.group_id))
         for block, h in zip(result[0], block_hashes)),
         "KV-FULL-002: hit blocks are the blocks a lookup returns", enabled=ENABLED)
+    @icontract.ensure(lambda self, block_hashes, result: all(
+        _is_first_cached(self.pool, (h, self.group_id), block)
+        for block, h in zip(result[0], block_hashes)),
+        "KV-POOL-009: a lookup returns the first block cached under the key", enabled=ENABLED)
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
                                use_eagle: bool) -> tuple[list[KVCacheBlock], int]:
         hit: list[KVCacheBlock] = []
         for block_hash in block_hashes[: max_length // self.block_size]:
-            block = self.pool.get_cached_block((block_hash, self.group_id))
+            block = self.pool._cached_block((block_hash, self.group_id))
             if block is None:
                 break  # KV-FULL-001: a miss ends the run (the chain cannot resume)
             hit.append(block)
@@ -98,12 +107,17 @@ class FullAttentionManager:
             return
         table = self.req_to_blocks[request.request_id]
         scale = self.block_size // request.hash_block_size
+        pairs: list[tuple[KVCacheBlock, CacheKey]] = []
         for index in range(num_cached, min(num_full, len(table))):
             block = table[index]
             if block.is_null:
                 continue  # KV-POOL-002
             block_hash = request.block_hashes[(index + 1) * scale - 1]  # KV-HASH-006
-            self.pool.cache_block(block, (block_hash, self.group_id))
+            pairs.append((block, (block_hash, self.group_id)))
+        if pairs:
+            # One pool operation for the whole run (same per-block contracts, one
+            # invariant check around the batch).
+            self.pool.cache_blocks(pairs)
         self.num_cached_block[request.request_id] = num_full
 
     # -- free ------------------------------------------------------------------------

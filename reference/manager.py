@@ -35,7 +35,7 @@ def _state(manager: KVCacheManager) -> tuple:
     pool = manager.pool
     return (
         pool.free_queue.block_ids(),
-        pool.ref_counts(),
+        pool._ref_counts(),
         tuple((key, tuple(blocks)) for key, blocks in pool.cached.items()),
         tuple(sorted((rid, tuple(tuple(b.block_id for b in t) for t in
                                  manager.coordinator.block_tables(rid)))
@@ -52,8 +52,9 @@ def _refcounts_balanced(manager: KVCacheManager) -> bool:
         b.block_id for m in manager.coordinator.managers
         for table in m.req_to_blocks.values() for b in table)
     pool = manager.pool
+    # The pool's non-public reader: a public call would re-check the pool's invariants.
     return pool_spec.refcounts_balanced(
-        pool.ref_counts(), tuple(occurrences.get(i, 0) for i in range(pool.num_blocks)))
+        pool._ref_counts(), tuple(occurrences.get(i, 0) for i in range(pool.num_blocks)))
 
 
 def _hit_is_valid(manager: KVCacheManager, request: Request, max_length: int,
@@ -177,7 +178,7 @@ class KVCacheManager:
                                     num_new_tokens, num_lookahead_tokens,
                                     self.config.max_model_len)
         needed = coordinator.num_blocks_to_allocate(request.request_id, slots, hits)
-        if needed > self.pool.num_free_blocks():
+        if needed > len(self.pool.free_queue):
             return None  # KV-LIFE-003 / KV-LIFE-004
 
         if any(hits):

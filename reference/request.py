@@ -67,7 +67,17 @@ class Request:
         self._update_block_hashes()
 
     def _update_block_hashes(self) -> None:
-        self.block_hashes = list(hashing.extend_block_hashes(
-            tuple(self.block_hashes), tuple(self.all_token_ids), self.hash_block_size,
+        """Hash the blocks that became full since the last hash (KV-HASH-001/-002/-003).
+
+        Incremental: O(new full blocks) per call, and ``block_hashes`` is extended
+        in place. The same computation as :func:`hashing.extend_block_hashes`.
+        """
+        start = len(self.block_hashes)
+        stop = hashing.num_block_hashes(len(self.all_token_ids), self.hash_block_size)
+        if stop <= start:
+            return  # no block became full
+        parent = self.block_hashes[-1] if start else hashing.NONE_HASH
+        self.block_hashes.extend(hashing.hash_blocks(
+            parent, self.all_token_ids, start, stop, self.hash_block_size,
             self.cache_salt, self.lora_name,
         ))

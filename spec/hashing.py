@@ -33,6 +33,7 @@ the prefixes they identify, never by hash bytes.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 
 import icontract
 
@@ -145,11 +146,31 @@ def extend_block_hashes(
 
     ``hashes`` must be the hashes of a prefix of ``tokens``; they are kept as they are.
     """
-    out = list(hashes)
-    parent = out[-1] if out else NONE_HASH
-    for index in range(len(out), num_block_hashes(len(tokens), hash_block_size)):
-        start = index * hash_block_size
-        block_tokens = tuple(tokens[start:start + hash_block_size])
+    parent = hashes[-1] if hashes else NONE_HASH
+    return tuple(hashes) + hash_blocks(
+        parent, tokens, len(hashes), num_block_hashes(len(tokens), hash_block_size),
+        hash_block_size, cache_salt, lora_name)
+
+
+def hash_blocks(
+    parent: bytes,
+    tokens: Sequence[int],
+    start: int,
+    stop: int,
+    hash_block_size: int,
+    cache_salt: str | None = None,
+    lora_name: str | None = None,
+) -> tuple[bytes, ...]:
+    """The chained hashes of full blocks ``start .. stop - 1`` of ``tokens``.
+
+    ``parent`` is the hash of block ``start - 1`` (``NONE_HASH`` when ``start`` is 0).
+    The loop of :func:`extend_block_hashes`, which a request uses to hash only the
+    blocks that became full since its last hash (KV-HASH-003).
+    """
+    out: list[bytes] = []
+    for index in range(start, stop):
+        first = index * hash_block_size
+        block_tokens = tuple(tokens[first:first + hash_block_size])
         parent = hash_block(parent, block_tokens, block_extra_keys(index, cache_salt, lora_name))
         out.append(parent)
     return tuple(out)

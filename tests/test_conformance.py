@@ -230,3 +230,13 @@ def test_spec_reference_conformance_import_without_torch() -> None:
                           cwd="/", timeout=120)
     assert done.returncode == 0, done.stderr
     assert "gpu: kvoracle.gpu needs torch" in done.stdout
+
+
+def test_generated_rule_table_is_up_to_date() -> None:
+    from kvoracle.conformance.rules_doc import rules_markdown
+
+    committed = (REPO / "docs" / "rules.md").read_text()
+    assert committed == rules_markdown() + "\n", (
+        "docs/rules.md is stale: run `kvoracle rules --markdown > docs/rules.md`")
+    for rule in all_rules():
+        assert f"| {rule.id} |" in committed
