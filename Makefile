@@ -7,7 +7,7 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvoracle-installed
 
-.PHONY: check test lint crosshair clean
+.PHONY: check test test-vllm lint crosshair clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -21,12 +21,23 @@ check: $(STAMP)
 	$(BIN)/kvoracle check
 
 ## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
-## conformance run with a JSON report, and CrossHair over the spec.
+## conformance run with a JSON report, CrossHair over the spec, and the real vLLM engine.
 test: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
 	bash scripts/crosshair_spec.sh
+	$(MAKE) test-vllm
+
+VENV_VLLM ?= .venv-vllm
+
+## vLLM 0.33.0 on CPU torch (scripts/install_vllm.sh), its adapter's tests, a bounded check.
+test-vllm: $(STAMP)
+	VENV_VLLM=$(VENV_VLLM) bash scripts/install_vllm.sh
+	$(VENV_VLLM)/bin/python -m pip install --quiet "$$(grep '^pytest==' requirements-dev.txt)"
+	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py
+	$(VENV_VLLM)/bin/kvoracle check --engine vllm --max-examples 100 \
+		--json build/kvoracle-vllm-report.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
@@ -35,4 +46,4 @@ crosshair: $(STAMP)
 	bash scripts/crosshair_spec.sh
 
 clean:
-	rm -rf $(VENV) build kvoracle-replays *.egg-info
+	rm -rf $(VENV) $(VENV_VLLM) build kvoracle-replays *.egg-info

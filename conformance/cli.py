@@ -17,20 +17,20 @@ from .engines import BUILTIN_ENGINES, EngineLoadError
 
 
 def _check(args: argparse.Namespace) -> int:
+    from .expectations import ExpectationsError, expectations_for
     from .report import format_counterexamples, format_table, write_json
     from .runner import RunOptions, run_suite
 
     options = RunOptions(max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
                          step_timeout=args.step_timeout or None, max_rounds=args.max_rounds,
                          replay_dir=None if args.no_replay else Path(args.replay_dir))
-    # Like `python -m`, resolve `module:Class` engines against the current directory too.
-    if "" not in sys.path and str(Path.cwd()) not in sys.path:
-        sys.path.insert(0, str(Path.cwd()))
     print(f"kvoracle {__version__}: checking engine {args.engine!r}", flush=True)
     try:
+        expectations = expectations_for(args.engine)  # conformance/engines/<name>.toml
         result = run_suite(args.engine, options,
-                           progress=lambda message: print(message, flush=True))
-    except EngineLoadError as error:
+                           progress=lambda message: print(message, flush=True),
+                           expectations=expectations)
+    except (EngineLoadError, ExpectationsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
     print()

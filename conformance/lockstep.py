@@ -301,10 +301,11 @@ class LockstepDriver:
         for index, (engine_hash, spec_hash) in enumerate(zip(engine_hashes, spec_hashes)):
             known_spec = self._engine_hash.setdefault(engine_hash, spec_hash)
             known_engine = self._kv_hash.setdefault(spec_hash, engine_hash)
-            self._hash_salt.setdefault(spec_hash, request.cache_salt)
+            salt = request.cache_salt or None  # an empty salt is no salt (KV-HASH-007)
+            self._hash_salt.setdefault(spec_hash, salt)
             consistent = known_spec == spec_hash and known_engine == engine_hash
-            salts_differ = (self._hash_salt.get(known_spec) != request.cache_salt)
-            salted = request.cache_salt is not None or (not consistent and salts_differ)
+            salts_differ = self._hash_salt.get(known_spec) != salt
+            salted = salt is not None or (not consistent and salts_differ)
             rule_id = "KV-HASH-007" if salted else "KV-HASH-004"
             check(rule_id, consistent, lambda index=index: (
                 f"{request_id} block {index}: the engine's hash does not identify the prefix "
@@ -347,6 +348,16 @@ class LockstepDriver:
             check("KV-FULL-002", actual.block_ids == expected.block_ids,
                   lambda: _diff(f"hit blocks of {request_id}", expected.block_ids,
                                 actual.block_ids))
+        if self.capabilities.exact_block_ids and self.capabilities.cache_map and got:
+            # KV-POOL-009: each hit block is the earliest block still cached under its key.
+            cached = self.call("observe").cached or {}
+            hashes = request.block_hashes
+            for index, block_id in enumerate(actual.block_ids[0]):
+                under_key = cached.get((hashes[index], 0), ()) if index < len(hashes) else ()
+                check("KV-POOL-009", under_key[:1] == (block_id,), lambda index=index,
+                      block_id=block_id, under_key=under_key: (
+                          f"hit block {index} of {request_id} is {block_id}, but the key's "
+                          f"blocks in caching order are {under_key}"))
 
     def _Observe(self, step: Observe) -> None:
         self._judge(_rules(default="KV-LIFE-016"))

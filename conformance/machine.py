@@ -149,11 +149,14 @@ class LockstepMachine(RuleBasedStateMachine):
             # computed and cached a second time -- two blocks under one key (KV-POOL-009).
             suffix: tuple[int, ...] = ()
         else:
+            # Mostly a few fresh tokens; sometimes enough to fill the pool on its own.
+            room = max(1, config.max_model_len - 1 - len(prefix))
             suffix = tuple(data.draw(st.lists(TOKENS, min_size=0 if prefix else 1,
-                                              max_size=2 * config.block_size + 2),
+                                              max_size=2 * config.block_size + 2)
+                                     | st.lists(TOKENS, min_size=1, max_size=room),
                                      label="suffix"))
         prompt = (prefix + suffix)[: config.max_model_len - 1] or (0,)
-        salt = data.draw(st.sampled_from([None, None, None, "salt-1"]), label="salt") \
+        salt = data.draw(st.sampled_from([None, None, None, "salt-1", ""]), label="salt") \
             if self.caps.cache_salt else None
         self.driver.apply(AddRequest(f"r{next(self.ids)}", prompt, salt))
 

@@ -93,11 +93,13 @@ KV_HASH_006 = rule(
 )
 KV_HASH_007 = rule(
     "KV-HASH-007",
-    "Extra keys: the cache salt covers the first block, a LoRA name every block",
-    """A cache salt enters only block 0's hash (and so, by chaining, every later hash);
-    a LoRA adapter name enters every block's hash. Requests with different salts never
-    share a hash.""",
-    source=f"{VLLM_UTILS} generate_block_hash_extra_keys",
+    "Extra keys: the cache salt covers the first block, a LoRA adapter every block",
+    """A non-empty cache salt enters only block 0's hash (and so, by chaining, every later
+    hash); an empty salt is no salt. A LoRA adapter enters every block's hash (vLLM 0.33.0
+    keys it by name and path; kvoracle's requests carry one name per adapter). Requests
+    with different salts never share a hash.""",
+    source=f"{VLLM_UTILS} generate_block_hash_extra_keys (salt only when start_token_idx == 0 "
+    "and the salt is truthy), _gen_lora_extra_hash_keys",
     chapter=CHAPTER,
 )
 
@@ -119,7 +121,7 @@ def block_extra_keys(block_index: int, cache_salt: str | None, lora_name: str | 
     keys: tuple[str, ...] = ()
     if lora_name is not None:
         keys += ("lora:" + lora_name,)
-    if cache_salt is not None and block_index == 0:
+    if cache_salt and block_index == 0:  # "" is no salt, as in vLLM 0.33.0
         keys += ("salt:" + cache_salt,)
     return keys
 

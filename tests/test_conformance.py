@@ -200,7 +200,7 @@ def test_cli_bad_arguments_exit_2_with_a_message(tmp_path: Path) -> None:
 def test_pytest_plugin_turns_rules_into_items(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "--kvoracle-engine=reference", "--kvoracle-max-examples=30", "-rs"],
+         "--kvoracle-engine=reference", "--kvoracle-max-examples=100", "-rs"],
         capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
     assert f"{len(all_rules()) - 7} passed, 7 skipped" in done.stdout

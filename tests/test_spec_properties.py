@@ -351,12 +351,20 @@ def test_a_hash_identifies_the_whole_prefix(pair, hbs) -> None:
 @SETTINGS
 @given(token_pairs(), positive, salts, salts, salts)
 def test_different_salts_never_share_a_hash(pair, hbs, salt_a, salt_b, lora) -> None:
-    assume(salt_a != salt_b)
+    # An empty salt is no salt (KV-HASH-007, as vLLM 0.33.0 hashes it).
+    assume((salt_a or None) != (salt_b or None))
     a, b = pair
     ha, hb = hashes_of(a, hbs, salt_a, lora), hashes_of(b, hbs, salt_b, lora)
     assert all(x != y for x, y in zip(ha, hb, strict=False))
     # The same request with the same salt hashes the same.
     assert hashes_of(a, hbs, salt_a, lora) == ha
+
+
+def test_an_empty_salt_is_no_salt() -> None:
+    tokens = (1, 2, 3, 4, 5)
+    assert hashing.extend_block_hashes((), tokens, 2, cache_salt="") == \
+        hashing.extend_block_hashes((), tokens, 2, cache_salt=None)
+    assert hashing.block_extra_keys(0, "", None) == ()
 
 
 @SETTINGS

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import importlib
+import os
+import sys
 from collections.abc import Callable
 
 from ..adapter import EngineAdapter
@@ -10,6 +12,7 @@ from ..adapter import EngineAdapter
 #: Engines built into kvoracle, by the name ``kvoracle check --engine`` accepts.
 BUILTIN_ENGINES: dict[str, str] = {
     "reference": "kvoracle.conformance.engines.reference:ReferenceEngine",
+    "vllm": "kvoracle.conformance.engines.vllm:VllmEngine",
 }
 
 
@@ -26,6 +29,18 @@ def load_engine(spec: str) -> Callable[[], EngineAdapter]:
             f"engine {spec!r}: expected one of {sorted(BUILTIN_ENGINES)} or 'module:Class'")
     try:
         module = importlib.import_module(module_name)
+    except ModuleNotFoundError as error:
+        # Like `python -m`, also look in the current directory (plain `pytest` and console
+        # scripts do not put it on sys.path).
+        if error.name != module_name.split(".")[0] or os.getcwd() in sys.path:
+            raise EngineLoadError(f"engine {spec!r}: cannot import {module_name}: {error}"
+                                  ) from error
+        sys.path.insert(0, os.getcwd())
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError as again:
+            raise EngineLoadError(f"engine {spec!r}: cannot import {module_name}: {again}"
+                                  ) from again
     except ImportError as error:
         raise EngineLoadError(f"engine {spec!r}: cannot import {module_name}: {error}") from error
     factory: object = module

@@ -1,0 +1,262 @@
+"""vLLM's real ``KVCacheManager`` (vLLM 0.33.x) behind kvoracle's adapter protocol.
+
+The adapter drives vLLM's manager the way vLLM's scheduler does: a waiting (or
+preempted) request looks its prefix-cache hit up with ``get_computed_blocks``,
+adopts it in ``allocate_slots``, becomes RUNNING and counts the hit as computed;
+the scheduler's later bookkeeping (computed tokens advancing, output tokens
+appended, preemption resetting the computed tokens) is done on the vLLM
+``Request`` itself.
+
+Scope: one KV-cache group of full attention (kvoracle's single-group
+configurations). Features kvoracle does not specify yet are configured off:
+
+* prefix-cache retention interval: ``KVCacheConfig.prefix_cache_retention_interval``
+  is left at ``None`` (dense checkpointing);
+* partial-block (fine-grained) hits: ``hash_block_size`` equals the block size and
+  ``scheduler_block_size`` too, so hits land on whole blocks only;
+* MTP lookahead hashes / multi-module MTP: ``num_hash_lookahead_tokens=0`` and
+  ``num_prefill_lookahead=0``;
+* admission watermark: ``watermark=0.0``; admission gates
+  (``full_sequence_must_fit``, ``reserved_blocks``) are left at their defaults;
+* KV cache events, metrics and prefix-cache stats: off
+  (``enable_kv_cache_events=False``, ``log_stats=False``, no metrics collector);
+* KV connectors (external computed tokens), encoder inputs, DCP/PCP: unused.
+
+vLLM is imported when the adapter is built, never when this module is imported,
+so ``kvoracle.conformance`` imports without vLLM. Install it with
+``scripts/install_vllm.sh``.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from kvoracle.spec.hashing import extend_block_hashes
+
+from ..adapter import UNKNOWN_HASH, Capabilities, EngineConfig, KeyRef, Lookup, Observation
+from . import EngineLoadError
+
+#: The vLLM release line this adapter is written against.
+SUPPORTED_VERSION = "0.33"
+INSTALL_HINT = ("install vLLM 0.33.x (CPU torch) into a virtual environment with "
+                "scripts/install_vllm.sh, then run kvoracle from that environment")
+#: Layer name of the one KV-cache group (vLLM only uses it as a label here).
+LAYER_NAME = "model.layers.0.self_attn"
+
+_VLLM: SimpleNamespace | None = None
+
+
+def _load_vllm() -> SimpleNamespace:
+    """Import the parts of vLLM the adapter needs, once; refuse unsupported versions."""
+    global _VLLM
+    if _VLLM is not None:
+        return _VLLM
+    try:
+        import vllm
+    except ImportError as error:
+        raise EngineLoadError(f"engine 'vllm': cannot import vllm ({error}); {INSTALL_HINT}"
+                              ) from error
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if version.split("+")[0].split(".")[:2] != SUPPORTED_VERSION.split("."):
+        raise EngineLoadError(
+            f"engine 'vllm': installed vllm is {version}, but this adapter supports vLLM "
+            f"{SUPPORTED_VERSION}.x only; {INSTALL_HINT}")
+    try:
+        import torch
+        from vllm.sampling_params import SamplingParams
+        from vllm.utils.hashing import sha256
+        from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
+        from vllm.v1.request import Request, RequestStatus
+    except ImportError as error:
+        raise EngineLoadError(f"engine 'vllm': vllm {version} is incomplete ({error}); "
+                              f"{INSTALL_HINT}") from error
+    # reset_prefix_cache logs every refusal and success; kvoracle resets the cache often.
+    logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.ERROR)
+    _VLLM = SimpleNamespace(
+        version=version, torch=torch, SamplingParams=SamplingParams, sha256=sha256,
+        utils=kv_cache_utils, KVCacheManager=KVCacheManager,
+        FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
+        KVCacheGroupSpec=KVCacheGroupSpec, Request=Request, RequestStatus=RequestStatus)
+    return _VLLM
+
+
+class VllmEngine:
+    """Adapter over ``vllm.v1.core.kv_cache_manager.KVCacheManager`` (vLLM 0.33.x).
+
+    ``self.manager`` is the vLLM manager, ``self.requests`` the live vLLM
+    ``Request`` objects (waiting, running or preempted; finished ones are dropped).
+    """
+
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self.vllm = _load_vllm()
+        self.config: EngineConfig | None = None
+        self.manager: Any = None
+        self.requests: dict[str, Any] = {}
+        self.last_hit: dict[str, Any] = {}
+        #: Engine block hash -> kvoracle hash of the same prefix (KeyRef translation).
+        self.translation: dict[bytes, bytes] = {}
+        #: Request id -> kvoracle hashes of its full blocks (kept in step with the engine's).
+        self.kv_hashes: dict[str, tuple[bytes, ...]] = {}
+        self._hasher: Any = None
+
+    def version(self) -> str:
+        return self.vllm.version
+
+    def capabilities(self) -> Capabilities:
+        # Everything exact; vLLM 0.33 removed cascade attention (KV-LIFE-010).
+        return Capabilities(common_prefix="zero")
+
+    # -- configuration -------------------------------------------------------------------
+    def configure(self, config: EngineConfig) -> None:
+        v = self.vllm
+        # The seed of the hash chain; with SHA-256 vLLM derives it from a fixed default
+        # seed (or PYTHONHASHSEED), so it is the same on every call.
+        v.utils.init_none_hash(v.sha256)
+        spec = v.FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
+                                   dtype=v.torch.float32)
+        kv_cache_config = v.KVCacheConfig(
+            num_blocks=config.num_blocks, kv_cache_tensors=[],
+            kv_cache_groups=[v.KVCacheGroupSpec([LAYER_NAME], spec)])
+        self.manager = v.KVCacheManager(
+            kv_cache_config,
+            max_model_len=config.max_model_len,
+            scheduler_block_size=config.block_size,
+            hash_block_size=config.hash_block_size,
+            enable_caching=config.enable_caching,
+            use_eagle=config.use_eagle,
+            num_hash_lookahead_tokens=0,
+            num_prefill_lookahead=0,
+            log_stats=False,
+            enable_kv_cache_events=False,
+            watermark=0.0,
+        )
+        self._hasher = v.utils.get_request_block_hasher(config.hash_block_size, v.sha256)
+        self.config = config
+        self.requests = {}
+        self.last_hit = {}
+        self.translation = {}
+        self.kv_hashes = {}
+
+    # -- requests ------------------------------------------------------------------------
+    def add_request(self, request_id: str, prompt: Sequence[int],
+                    cache_salt: str | None = None) -> None:
+        assert self.config is not None
+        v = self.vllm
+        request = v.Request(
+            request_id, list(prompt),
+            sampling_params=v.SamplingParams(max_tokens=self.config.max_model_len),
+            pooling_params=None, cache_salt=cache_salt, block_hasher=self._hasher)
+        self.requests[request_id] = request
+        self.kv_hashes[request_id] = ()
+        self._translate(request_id)
+
+    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
+        self.requests[request_id].append_output_token_ids(list(tokens))
+        self._translate(request_id)
+
+    def _translate(self, request_id: str) -> None:
+        """Pair the engine's new block hashes with kvoracle's hashes of the same prefixes."""
+        assert self.config is not None
+        request = self.requests[request_id]
+        known = self.kv_hashes[request_id]
+        ours = extend_block_hashes(known, tuple(request.all_token_ids),
+                                   self.config.hash_block_size, request.cache_salt)
+        self.kv_hashes[request_id] = ours
+        for engine_hash, kv_hash in zip(request.block_hashes[len(known):], ours[len(known):]):
+            self.translation.setdefault(bytes(engine_hash), kv_hash)
+
+    # -- scheduling ----------------------------------------------------------------------
+    def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
+        blocks, num_tokens, _shared_prefix_boundary = self.manager.get_computed_blocks(
+            self.requests[request_id], max_cache_hit_length)
+        self.last_hit[request_id] = blocks
+        return Lookup(_ids(blocks.get_block_ids()), num_tokens)
+
+    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
+                 ) -> tuple[tuple[int, ...], ...] | None:
+        request = self.requests[request_id]
+        hit = self.last_hit.pop(request_id, None)
+        # The scheduler hands a waiting request its lookup result; a zero hit is the
+        # manager's empty blocks, which allocate_slots treats exactly like None.
+        result = self.manager.allocate_slots(
+            request, num_new_tokens, num_new_computed_tokens,
+            hit if num_new_computed_tokens else None,
+            num_lookahead_tokens=num_lookahead_tokens, delay_cache_blocks=delay_cache_blocks)
+        if result is None:
+            return None
+        status = self.vllm.RequestStatus
+        if request.status != status.RUNNING:
+            request.status = status.RUNNING
+            request.num_computed_tokens += num_new_computed_tokens
+        return _ids(result.get_block_ids())
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        self.requests[request_id].num_computed_tokens += num_tokens
+
+    def free(self, request_id: str, preempted: bool = False) -> None:
+        request = self.requests[request_id]
+        self.manager.free(request)
+        self.last_hit.pop(request_id, None)
+        status = self.vllm.RequestStatus
+        if preempted:
+            request.status = status.PREEMPTED
+            request.num_computed_tokens = 0
+            request.num_preemptions += 1
+        else:
+            request.status = status.FINISHED_STOPPED
+            del self.requests[request_id]
+            del self.kv_hashes[request_id]
+
+    # -- maintenance and queries ---------------------------------------------------------
+    def evict(self, block_ids: Sequence[int]) -> None:
+        self.manager.evict_blocks(set(block_ids))
+
+    def reset_prefix_cache(self) -> bool:
+        return bool(self.manager.reset_prefix_cache())
+
+    def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
+        return tuple(self.manager.get_num_common_prefix_blocks(request_id))
+
+    # -- observation ---------------------------------------------------------------------
+    def observe(self) -> Observation:
+        manager = self.manager
+        pool = manager.block_pool
+        coordinator = manager.coordinator
+        tracked = {rid for m in coordinator.single_type_managers for rid in m.req_to_blocks}
+        return Observation(
+            num_free_blocks=pool.get_num_free_blocks(),
+            usage=manager.usage,
+            block_tables={rid: _ids(coordinator.get_blocks(rid)) for rid in tracked},
+            free_queue=tuple(block.block_id
+                             for block in pool.free_block_queue.get_all_free_blocks()),
+            ref_counts=tuple(block.ref_cnt for block in pool.blocks),
+            cached=self._cache_map(pool),
+            request_hashes={rid: tuple(r.block_hashes) for rid, r in self.requests.items()},
+        )
+
+    def _cache_map(self, pool: Any) -> dict[KeyRef, tuple[int, ...]]:
+        """The pool's hash -> blocks map in kvoracle's keys, blocks in caching order."""
+        utils = self.vllm.utils
+        cached: dict[KeyRef, tuple[int, ...]] = {}
+        # BlockHashToBlockMap keeps one block, or a dict of blocks in insertion order.
+        for key, blocks in pool.cached_block_hash_to_block._cache.items():
+            engine_hash = bytes(utils.get_block_hash(key))
+            kv_hash = self.translation.get(engine_hash, UNKNOWN_HASH + engine_hash)
+            ids = (blocks.block_id,) if isinstance(blocks, utils.KVCacheBlock) \
+                else tuple(blocks)
+            cached[(kv_hash, utils.get_group_id(key))] = ids
+        return cached
+
+
+def _ids(groups: Sequence[Sequence[Any]]) -> tuple[tuple[int, ...], ...]:
+    """Block ids per group, from ids or from blocks."""
+    return tuple(tuple(b if isinstance(b, int) else b.block_id for b in group)
+                 for group in groups)

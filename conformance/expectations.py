@@ -1,0 +1,164 @@
+"""Expectations files: the rules an engine is known to break, and why.
+
+An engine may differ from kvoracle's specification on purpose (or in a release
+that kvoracle still wants to check). Such differences are listed in a TOML file,
+``conformance/engines/<engine name>.toml`` for the built-in engines::
+
+    [[expect]]
+    rule = "KV-FULL-003"
+    versions = ">=0.33.0,<0.34"
+    reason = "why the engine differs"
+    source = "https://github.com/.../file.py#L123"
+
+``kvoracle check`` reports a listed rule that fails as ``expected-fail`` and one
+that no longer fails as ``unexpected-pass``, which fails the run (strict xfail):
+a fixed difference must be removed from the file. ``versions`` is a
+comma-separated list of ``<op> version`` clauses (``>=``, ``>``, ``<=``, ``<``,
+``==``, ``!=``; ``==0.33.*`` matches a release line); an entry whose range
+excludes the engine's version is ignored.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+from kvoracle.spec import all_rules
+
+from .adapter import EngineAdapter
+from .engines import load_engine
+
+#: Where the built-in engines' expectation files live.
+ENGINES_DIR = Path(__file__).resolve().parent / "engines"
+REQUIRED_KEYS = ("rule", "versions", "reason")
+
+
+class ExpectationsError(ValueError):
+    """A malformed expectations file."""
+
+
+def expectations_path(engine_name: str) -> Path | None:
+    """``conformance/engines/<engine_name>.toml``, if there is one."""
+    path = ENGINES_DIR / f"{engine_name}.toml"
+    return path if path.is_file() else None
+
+
+def load_expectations(path: Path, engine_version: str) -> dict[str, str]:
+    """Rule id -> reason for each entry of ``path`` whose range holds ``engine_version``."""
+    entries = _read_toml(path).get("expect", [])
+    if not isinstance(entries, list):
+        raise ExpectationsError(f"{path}: 'expect' must be an array of tables ([[expect]])")
+    known = {rule.id for rule in all_rules()}
+    expected: dict[str, str] = {}
+    for index, entry in enumerate(entries):
+        where = f"{path}: entry {index + 1}"
+        missing = [key for key in REQUIRED_KEYS if not isinstance(entry.get(key), str)]
+        if missing:
+            raise ExpectationsError(f"{where}: missing or non-string {', '.join(missing)}")
+        rule_id = entry["rule"]
+        if rule_id not in known:
+            raise ExpectationsError(f"{where}: unknown rule {rule_id!r}")
+        if not version_in_range(engine_version, entry["versions"]):
+            continue
+        reason = entry["reason"]
+        if entry.get("source"):
+            reason += f" ({entry['source']})"
+        expected[rule_id] = f"{expected[rule_id]}; {reason}" if rule_id in expected else reason
+    return expected
+
+
+def expectations_for(engine: str | Callable[[], EngineAdapter]) -> dict[str, str] | None:
+    """The expectations of ``engine`` (a spec or factory), or ``None`` without a file.
+
+    Builds one adapter to learn the engine's name and version.
+    """
+    factory = load_engine(engine) if isinstance(engine, str) else engine
+    adapter = factory()
+    path = expectations_path(getattr(adapter, "name", ""))
+    if path is None:
+        return None
+    return load_expectations(path, str(adapter.version()))
+
+
+# -- versions --------------------------------------------------------------------------------
+_CLAUSE = re.compile(r"^(>=|<=|==|!=|>|<)\s*([0-9][0-9A-Za-z.+*-]*)$")
+
+
+def _release(version: str) -> tuple[int, ...]:
+    """The numeric release part: ``0.33.0rc1+cpu`` -> (0, 33, 0)."""
+    parts = []
+    for piece in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", piece)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.group() != piece:
+            break
+    return tuple(parts)
+
+
+def _compare(a: tuple[int, ...], b: tuple[int, ...]) -> int:
+    width = max(len(a), len(b))
+    a, b = a + (0,) * (width - len(a)), b + (0,) * (width - len(b))
+    return (a > b) - (a < b)
+
+
+def version_in_range(version: str, spec: str) -> bool:
+    """Whether ``version`` satisfies every clause of ``spec`` (e.g. ``">=0.33,<0.34"``)."""
+    have = _release(version)
+    for clause in filter(None, (c.strip() for c in spec.split(","))):
+        match = _CLAUSE.match(clause)
+        if match is None:
+            raise ExpectationsError(f"bad version clause {clause!r} in {spec!r}")
+        op, wanted = match.groups()
+        if wanted.endswith(".*"):
+            if op not in ("==", "!="):
+                raise ExpectationsError(f"a wildcard needs == or != in {clause!r}")
+            prefix = _release(wanted[:-2])
+            if (have[:len(prefix)] == prefix) != (op == "=="):
+                return False
+            continue
+        order = _compare(have, _release(wanted))
+        ok = {">=": order >= 0, ">": order > 0, "<=": order <= 0, "<": order < 0,
+              "==": order == 0, "!=": order != 0}[op]
+        if not ok:
+            return False
+    return True
+
+
+# -- TOML ------------------------------------------------------------------------------------
+def _read_toml(path: Path) -> dict:
+    text = path.read_text(encoding="utf-8")
+    if sys.version_info >= (3, 11):
+        import tomllib
+        return tomllib.loads(text)
+    try:
+        import tomli
+    except ImportError:
+        return _parse_minimal_toml(text, path)
+    return tomli.loads(text)
+
+
+_KEY_VALUE = re.compile(r'^([A-Za-z0-9_-]+)\s*=\s*"((?:[^"\\]|\\.)*)"\s*(#.*)?$')
+
+
+def _parse_minimal_toml(text: str, path: Path) -> dict:
+    """The subset expectations files use: ``[[expect]]`` tables of ``key = "string"``."""
+    document: dict[str, list[dict[str, str]]] = {}
+    table: dict[str, str] | None = None
+    for number, raw in enumerate(text.splitlines(), 1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        header = re.match(r"^\[\[\s*([A-Za-z0-9_-]+)\s*\]\]\s*(#.*)?$", line)
+        if header:
+            table = {}
+            document.setdefault(header.group(1), []).append(table)
+            continue
+        pair = _KEY_VALUE.match(line)
+        if pair is None or table is None:
+            raise ExpectationsError(f"{path}:{number}: unsupported TOML (install tomli): {raw!r}")
+        table[pair.group(1)] = re.sub(r'\\(["\\])', r"\1", pair.group(2))
+    return document
