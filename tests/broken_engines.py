@@ -74,14 +74,7 @@ class ForgetsEvictableHits(_Broken):
 # -- 3. the hit is one block short ----------------------------------------------------------
 class _ShortHitManager(FullAttentionManager):
     def find_longest_cache_hit(self, block_hashes, max_length, use_eagle):
-        hit = []
-        for block_hash in block_hashes[: max_length // self.block_size]:
-            block = self.pool.get_cached_block((block_hash, self.group_id))
-            if block is None:
-                break
-            hit.append(block)
-        if use_eagle and hit:
-            hit.pop()
+        hit, _ = super().find_longest_cache_hit(block_hashes, max_length, use_eagle)
         hit = hit[:-1]  # bug: off by one block
         return hit, len(hit) * self.block_size
 

@@ -177,7 +177,7 @@ def test_cli_rules_lists_every_rule() -> None:
 
 def test_cli_check_writes_a_json_report(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
-    done = _cli("check", "--max-examples", "20", "--seed", "7", "--json", str(report),
+    done = _cli("check", "--max-examples", "100", "--seed", "7", "--json", str(report),
                 cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "RESULT: OK" in done.stdout
