@@ -64,9 +64,6 @@ class Quarantine:
     def blocked(self) -> frozenset[str]:
         return frozenset(self.hung) | frozenset(self.raised)
 
-    def describe(self) -> dict[str, str]:
-        return {**self.raised, **self.hung}
-
 
 class _Worker:
     """One daemon thread running engine calls, so an abandoned hung call cannot keep the

@@ -10,7 +10,6 @@ from kvoracle import __version__
 from kvoracle.spec import get_rule
 
 from .runner import RunResult
-from .verdicts import FAIL, GOOD_OUTCOMES, OUTCOMES
 
 _MARKS = {"pass": "PASS", "fail": "FAIL", "error": "ERROR", "expected-fail": "XFAIL",
           "unexpected-pass": "XPASS", "not-applicable": "n/a", "unexercised": "UNEXERCISED"}
@@ -108,6 +107,3 @@ def write_json(result: RunResult, path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(to_json(result), indent=2) + "\n")
 
-
-__all__ = ["FAIL", "GOOD_OUTCOMES", "OUTCOMES", "format_counterexamples", "format_table",
-           "to_json", "write_json"]

@@ -20,8 +20,6 @@ from hypothesis import HealthCheck, Phase, Verbosity
 from hypothesis.errors import HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
-from kvoracle import __version__
-
 from .adapter import EngineAdapter
 from .engines import engine_spec_of, load_engine
 from .lockstep import Quarantine
@@ -130,5 +128,3 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
         examples=examples, duration_s=time.perf_counter() - started,
         internal_errors=internal_errors)
 
-
-__all__ = ["RunOptions", "RunResult", "__version__", "run_suite"]

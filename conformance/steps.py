@@ -117,6 +117,3 @@ class CommonPrefix:
 
 Step = Configure | AddRequest | Schedule | EmptyAllocation | Probe | AppendTokens | Free | \
     Evict | ResetPrefixCache | CommonPrefix | Observe
-
-STEP_TYPES = (Configure, AddRequest, Schedule, EmptyAllocation, Probe, AppendTokens, Free,
-              Evict, ResetPrefixCache, CommonPrefix, Observe)

@@ -11,7 +11,8 @@ from kvoracle.spec.config import validate_config
 class ManagerConfig:
     """One full-attention KV-cache group over a pool of ``num_blocks`` blocks.
 
-    Construction validates the values (KV-CFG-001..004) and raises
+    Construction validates the values (KV-CFG-001, KV-CFG-002, KV-CFG-003, KV-CFG-004) and
+    raises
     :class:`kvoracle.spec.ConfigError` naming the parameter and the rule.
     """
 

@@ -29,9 +29,6 @@ class FreeBlockQueue:
     def __iter__(self) -> Iterator[KVCacheBlock]:
         return iter(self._blocks.values())
 
-    def __contains__(self, block: KVCacheBlock) -> bool:
-        return self._blocks.get(block.block_id) is block
-
     def block_ids(self) -> tuple[int, ...]:
         """The queue as block ids, front first."""
         return tuple(self._blocks)

@@ -32,8 +32,6 @@ class FullAttentionManager:
     ``num_cached_block`` how many leading blocks of it are already cached.
     """
 
-    @icontract.require(lambda block_size: block_size > 0, "KV-CFG-002: block_size must be > 0",
-                       enabled=ENABLED)
     def __init__(self, block_size: int, pool: BlockPool, group_id: int = 0) -> None:
         self.block_size = block_size
         self.pool = pool

@@ -93,13 +93,6 @@ def _cached_prefix_ok(manager: KVCacheManager, request: Request, cache_tokens: i
 class KVCacheManager:
     """The KV-cache manager a scheduler talks to."""
 
-    @icontract.require(lambda config: config.max_model_len > 0,
-                       "KV-CFG-003: max_model_len must be > 0", enabled=ENABLED)
-    @icontract.require(lambda config: config.hash_block_size > 0
-                       and config.block_size % config.hash_block_size == 0
-                       and (not config.enable_caching or config.hash_block_size == config.block_size),
-                       "KV-CFG-004: hash_block_size divides block_size (equals it with caching on)",
-                       enabled=ENABLED)
     def __init__(self, config: ManagerConfig) -> None:
         self.config = config
         self.coordinator = make_coordinator(config)
