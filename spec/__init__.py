@@ -7,11 +7,24 @@ icontract conditions are what CrossHair checks. This package does no I/O and
 imports no torch.
 """
 
-from . import block_pool, config, full_attention, hashing, lifecycle
+from . import (
+    block_pool,
+    chunked_local,
+    config,
+    cross_attention,
+    full_attention,
+    hashing,
+    hybrid,
+    kv_cache_spec,
+    lifecycle,
+    mamba,
+    sliding_window,
+)
 from .config import ConfigError, validate_config
 from .registry import Rule, all_rules, get_rule
 
-CHAPTERS = (config, hashing, block_pool, full_attention, lifecycle)
+CHAPTERS = (config, kv_cache_spec, hashing, block_pool, full_attention, lifecycle, sliding_window,
+            chunked_local, mamba, cross_attention, hybrid)
 
 __all__ = [
     "CHAPTERS",
@@ -23,6 +36,7 @@ __all__ = [
     "full_attention",
     "get_rule",
     "hashing",
+    "kv_cache_spec",
     "lifecycle",
     "validate_config",
 ]

@@ -121,3 +121,26 @@ def full_attention_hit_length(
 def align_hit(hit_length: int, alignment_tokens: int) -> int:
     """Round a hit length down to the alignment."""
     return hit_length - hit_length % alignment_tokens
+
+
+@icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
+@icontract.require(lambda alignment, block_size: alignment > 0 and alignment % block_size == 0,
+                   enabled=ENABLED)
+@icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, alignment: result % alignment == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, max_length: 0 <= result <= max_length, enabled=ENABLED)
+@icontract.ensure(lambda result, cached, block_size, drop_eagle:
+                  all(cached[:result // block_size + (1 if drop_eagle and result > 0 else 0)]), enabled=ENABLED)
+@defines(KV_FULL_001, KV_FULL_003, KV_FULL_004)
+def aligned_hit_length(cached: tuple[bool, ...], max_length: int, block_size: int,
+                       drop_eagle: bool, alignment: int) -> int:
+    """The full-attention hit of one group inside a hybrid model, in tokens.
+
+    The run is found in this group's block size; the EAGLE drop removes one block; the
+    result is then rounded down to the alignment (the scheduler block size), which is a
+    multiple of this group's block size.
+    """
+    length = longest_cached_run(cached, max_length, block_size) * block_size
+    if drop_eagle and length > 0:
+        length -= block_size
+    return align_hit(length, alignment)

@@ -84,6 +84,25 @@ TESTED = {
     "lifecycle.num_tokens_to_cache",
     "lifecycle.num_full_blocks_to_cache",
     "lifecycle.num_common_prefix_blocks",
+    # Attention types and the hybrid coordinator: tests/test_hybrid_spec.py.
+    "full_attention.aligned_hit_length",
+    "sliding_window.contiguous_blocks_needed",
+    "sliding_window.accepts",
+    "sliding_window.hit_length",
+    "sliding_window.greatest_accepted",
+    "sliding_window.num_skipped_tokens",
+    "sliding_window.blocks_to_free",
+    "sliding_window.block_is_reachable",
+    "chunked_local.num_null_blocks",
+    "chunked_local.hit_length",
+    "chunked_local.num_skipped_tokens",
+    "mamba.hit_length",
+    "cross_attention.num_blocks_to_allocate",
+    "hybrid.scheduler_block_size",
+    "hybrid.group_hit_length",
+    "hybrid.group_accepts",
+    "hybrid.declarative_hit",
+    "hybrid.fixed_point",
 }
 
 

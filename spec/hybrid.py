@@ -1,0 +1,372 @@
+"""Chapter 10 -- The hybrid coordinator: one cache hit over several attention types.
+
+A hybrid model has several KV-cache groups of different attention types
+(full, sliding window, chunked local, Mamba), possibly with different block
+sizes. A prefix-cache hit must be usable by *every* group at once, so the
+request's hit length is a length that all groups accept.
+
+**Configuration** (KV-HYB-001). The scheduler block size is the least common
+multiple of the groups' block sizes; the hash block size divides every
+group's block size. A group with block size ``b`` sees the request's hashes
+through the *block size view*: its block ``j`` is keyed by request hash
+``(j + 1) * b / hash_block_size - 1`` (KV-HASH-006). Hits are multiples of
+the scheduler block size, the *alignment*.
+
+**Spec groups** (KV-HYB-002). Groups with equal specs are looked up together:
+a key hits only when it is cached in every member group. Spec groups that use
+full attention are consulted first, because their left-to-right scan gives the
+tightest first bound.
+
+**What the answer is** (KV-HYB-003). Each attention type defines which
+lengths it *accepts* (KV-FULL-001, KV-SWA-002, KV-CHUNK-001, KV-MAMBA-001,
+with the EAGLE peek block where it applies). The hybrid hit is the greatest
+``L <= max_cache_hit_length``, a multiple of the alignment, that every spec
+group accepts. :func:`declarative_hit` states exactly that, by brute force.
+
+**How it is computed** (KV-HYB-004 .. KV-HYB-008). vLLM reaches the answer by
+an iterative fixed point: starting from ``max_cache_hit_length``, each spec
+group in turn answers the longest hit it accepts not beyond the current
+candidate, and the candidate becomes that answer; if a pass shrank the
+candidate, another pass follows. The candidate never grows (KV-HYB-004), so
+the loop ends after at most ``max / alignment + 1`` passes. With exactly two
+spec groups, the first one full attention, one pass suffices (KV-HYB-005):
+full attention accepts every shorter aligned length. A full-attention group
+is looked up once; later passes only trim it, and at the end *every*
+full-attention spec group is trimmed to the final length (KV-HYB-006). With
+EAGLE, a group is looked up one block past the candidate and drops that block
+-- once per candidate length, not on every pass (KV-HYB-007; vLLM issue
+#32802, where dropping on every pass spiralled the hit down to 0). A Mamba
+group gets no such margin (KV-MAMBA-002). The difference between the longest
+intermediate candidate and the final hit is reported as
+``num_uncached_common_prefix_tokens`` (KV-HYB-008).
+
+:func:`fixed_point` is that loop over flat arguments, step for step, and
+:func:`group_hit_length` the per-type finders it calls. The loop returns the
+declarative answer whenever each finder answers "the greatest length I accept
+within the bound"; where a vLLM finder is more conservative than that
+(KV-SWA-010) or the EAGLE bookkeeping lets a shrunken candidate through
+unchecked (KV-HYB-009), the difference is a named rule.
+
+**Caching** (KV-HYB-010). A hybrid request caches only what an aligned hit
+could read: the computed tokens rounded down to the alignment, plus, in an
+EAGLE group, one more block (its peek block), never beyond the computed tokens.
+"""
+
+from __future__ import annotations
+
+import math
+
+import icontract
+
+from . import chunked_local, mamba, sliding_window
+from .contracts import ENABLED
+from .full_attention import aligned_hit_length as full_hit_length
+from .registry import defines, rule
+
+CHAPTER = "hybrid"
+COORD = "vllm/v1/core/kv_cache_coordinator.py"
+
+#: Attention kinds the hybrid lookup knows. ("sink_full" is looked up as full attention.)
+FULL = "full"
+SLIDING_WINDOW = "sliding_window"
+CHUNKED_LOCAL = "chunked_local"
+MAMBA = "mamba"
+LOOKUP_KINDS = (FULL, SLIDING_WINDOW, CHUNKED_LOCAL, MAMBA)
+
+#: One spec group, flat: (kind, block_size, window or chunk size (0 if none), eagle).
+SpecGroup = tuple[str, int, int, bool]
+
+KV_HYB_001 = rule(
+    "KV-HYB-001",
+    "The scheduler block size is the LCM of the group block sizes",
+    """In a hybrid model the scheduler block size (the hit alignment) is the least common
+    multiple of every group's block size, and the hash block size divides every group's
+    block size. Other values are rejected with a ConfigError naming this rule.""",
+    source=f"{COORD} KVCacheCoordinator.__init__ / HybridKVCacheCoordinator.__init__ (asserts); "
+           "vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes",
+    chapter=CHAPTER,
+    kind="validation",
+)
+KV_HYB_002 = rule(
+    "KV-HYB-002",
+    "Equal specs form one spec group; full attention is looked up first",
+    """Groups with equal specs are looked up together (a key hits only if cached in every
+    member group) and report the same hit. Spec groups are ordered full attention first,
+    otherwise in group order.""",
+    source=f"{COORD} HybridKVCacheCoordinator.verify_and_split_kv_cache_groups; "
+           "vllm/v1/core/block_pool.py BlockPool.get_cached_block",
+    chapter=CHAPTER,
+)
+KV_HYB_003 = rule(
+    "KV-HYB-003",
+    "The hybrid hit is the greatest length every group accepts",
+    """The hit length is the greatest L <= max_cache_hit_length, a multiple of the
+    scheduler block size, that every spec group accepts (with its EAGLE peek block where
+    the drop applies), except where KV-SWA-010 or KV-HYB-009 name a more conservative
+    engine answer.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (docstring: fixed point)",
+    chapter=CHAPTER,
+)
+KV_HYB_004 = rule(
+    "KV-HYB-004",
+    "The candidate length only decreases, and the loop terminates",
+    """Every spec group answers at most the current candidate (after its own EAGLE drop),
+    so the candidate never increases; a pass that does not shrink it ends the loop.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (while loop)",
+    chapter=CHAPTER,
+)
+KV_HYB_005 = rule(
+    "KV-HYB-005",
+    "One full-attention and one other spec group need a single pass",
+    """With exactly two spec groups, the first full attention, the loop stops after one
+    pass; the answer equals the full fixed point because full attention accepts every
+    shorter aligned length.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (is_simple_hybrid)",
+    chapter=CHAPTER,
+)
+KV_HYB_006 = rule(
+    "KV-HYB-006",
+    "Every full-attention group is truncated to the final hit",
+    """After the loop, the hit blocks of every full-attention spec group (not only the
+    first) are cut to cdiv(hit_length, block_size) blocks.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (truncate every full group)",
+    chapter=CHAPTER,
+)
+KV_HYB_007 = rule(
+    "KV-HYB-007",
+    "EAGLE looks one block further and drops at most once per candidate",
+    """An EAGLE spec group other than Mamba is looked up with bound min(candidate +
+    block_size, hashed tokens) and drops its last block; it is marked verified and not
+    dropped again until a non-EAGLE lookup shrinks the candidate (issue #32802). The seed
+    bounded the look-ahead by max_cache_hit_length; vLLM 0.33.0 by the hashed tokens.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified, eagle_margin)",
+    chapter=CHAPTER,
+)
+KV_HYB_008 = rule(
+    "KV-HYB-008",
+    "Uncached common prefix tokens",
+    """num_uncached_common_prefix_tokens is the longest candidate any spec group answered
+    during the loop minus the final hit length.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (longest_hit_length)",
+    chapter=CHAPTER,
+)
+KV_HYB_009 = rule(
+    "KV-HYB-009",
+    "A verified EAGLE group is not re-verified after another EAGLE group shrinks",
+    """The verified set is cleared only when a lookup without the drop shrinks the
+    candidate. If one EAGLE group shrinks it, a previously verified EAGLE group whose
+    acceptance is not downward closed (sliding window) is re-checked without its peek block,
+    so the result may lack that group's peek block. kvoracle specifies the engine's answer
+    and names the difference from KV-HYB-003.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified.clear())",
+    chapter=CHAPTER,
+    kind="divergence",
+)
+KV_HYB_010 = rule(
+    "KV-HYB-010",
+    "A hybrid request caches only aligned prefixes plus the EAGLE peek block",
+    """cache_blocks caches, in each group, the computed tokens rounded down to the scheduler
+    block size; an EAGLE group also caches one more of its blocks, bounded by the computed
+    tokens, when that rounded length is positive.""",
+    source=f"{COORD} HybridKVCacheCoordinator.get_num_cacheable_tokens; KVCacheCoordinator.cache_blocks",
+    chapter=CHAPTER,
+)
+KV_HYB_011 = rule(
+    "KV-HYB-011",
+    "Per-group lookups evaluate each spec group alone",
+    """find_longest_cache_hit_per_group looks each spec group up independently at
+    max_cache_hit_length, with its EAGLE drop and margin, and reports each group's own hit.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit_per_group",
+    chapter=CHAPTER,
+)
+KV_HYB_012 = rule(
+    "KV-HYB-012",
+    "Blocks to allocate are summed over the groups",
+    """The blocks an allocation needs are the sum over groups of each group's need (a
+    cross-attention group sized by the encoder tokens, KV-CROSS-001); the allocation fails
+    if the sum exceeds the free blocks.""",
+    source=f"{COORD} KVCacheCoordinator.get_num_blocks_to_allocate",
+    chapter=CHAPTER,
+)
+KV_HYB_013 = rule(
+    "KV-HYB-013",
+    "Null blocks appear only where the attention type puts them",
+    """A full-attention hit or table has no null block; a sliding-window or chunked-local
+    table has nulls only in a prefix (the skipped blocks); a Mamba hit is nulls then one
+    block. The null block is never freed, touched or counted (KV-POOL-002).""",
+    source="vllm/v1/core/single_type_kv_cache_manager.py (per-type find_longest_cache_hit)",
+    chapter=CHAPTER,
+)
+
+
+@icontract.require(lambda block_sizes: len(block_sizes) > 0 and all(b > 0 for b in block_sizes),
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, block_sizes: all(result % b == 0 for b in block_sizes), enabled=ENABLED)
+@icontract.ensure(lambda result, block_sizes: result <= math.prod(block_sizes), enabled=ENABLED)
+@defines(KV_HYB_001)
+def scheduler_block_size(block_sizes: tuple[int, ...]) -> int:
+    """The hit alignment of a hybrid model: the LCM of its groups' block sizes."""
+    result = 1
+    for size in block_sizes:
+        result = result * size // math.gcd(result, size)
+    return result
+
+
+def _is_full(kind: str) -> bool:
+    return kind == FULL
+
+
+@defines(KV_HYB_002)
+def lookup_order(kinds: tuple[str, ...]) -> tuple[int, ...]:
+    """The order in which spec groups are consulted: full attention first, stable."""
+    return tuple(sorted(range(len(kinds)), key=lambda i: not _is_full(kinds[i])))
+
+
+@icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
+@icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
+@icontract.require(lambda kind: kind in LOOKUP_KINDS, enabled=ENABLED)
+@icontract.ensure(lambda result, block_size: result % block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, kind, max_length, block_size, drop_eagle:
+                  result <= max_length, enabled=ENABLED)
+@defines(KV_HYB_003, KV_HYB_007)
+def group_hit_length(kind: str, cached: tuple[bool, ...], max_length: int, block_size: int,
+                     param: int, drop_eagle: bool, alignment: int) -> int:
+    """One spec group's answer to a lookup bounded by ``max_length`` tokens."""
+    if kind == FULL:
+        return full_hit_length(cached, max_length, block_size, drop_eagle, alignment)
+    if kind == SLIDING_WINDOW:
+        return sliding_window.hit_length(cached, max_length, block_size, param, drop_eagle, alignment)
+    if kind == CHUNKED_LOCAL:
+        return chunked_local.hit_length(cached, max_length, block_size, param)
+    return mamba.hit_length(cached, max_length, block_size, alignment)
+
+
+@defines(KV_HYB_007, KV_HYB_003)
+def eagle_margin(kind: str, block_size: int) -> int:
+    """How far past the candidate an EAGLE group is looked up (KV-MAMBA-002: 0 for Mamba)."""
+    return 0 if kind == MAMBA else block_size
+
+
+@icontract.require(lambda length: length >= 0, enabled=ENABLED)
+@icontract.require(lambda block_size, alignment: block_size > 0 and alignment % block_size == 0,
+                   enabled=ENABLED)
+@defines(KV_HYB_003, sliding_window.KV_SWA_002, chunked_local.KV_CHUNK_001, mamba.KV_MAMBA_001)
+def group_accepts(kind: str, cached: tuple[bool, ...], length: int, block_size: int, param: int,
+                  eagle: bool, alignment: int) -> bool:
+    """Whether a spec group accepts a hit of ``length`` tokens (a multiple of the alignment).
+
+    With ``eagle`` (and not Mamba) the group also needs its peek block: block
+    ``length / block_size`` must be cached.
+    """
+    if length % alignment:
+        return False
+    if length == 0:
+        return True
+    blocks = length // block_size
+    if blocks > len(cached):
+        return False
+    peek_ok = not eagle or kind == MAMBA or (blocks < len(cached) and cached[blocks])
+    if kind == FULL:
+        return peek_ok and all(cached[:blocks])
+    if kind == SLIDING_WINDOW:
+        need = sliding_window.contiguous_blocks_needed(param, block_size, False)
+        if eagle:
+            # The peek block already makes the scan's run non-empty (KV-SWA-003 is moot).
+            return peek_ok and all(cached[max(0, blocks - need):blocks])
+        return sliding_window.accepts(cached, blocks, need, block_size, alignment)
+    if kind == CHUNKED_LOCAL:
+        first = chunked_local.num_null_blocks(length, block_size, param)
+        return peek_ok and all(cached[first:blocks])
+    return bool(cached[blocks - 1])
+
+
+def _check_groups(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
+                  alignment: int) -> bool:
+    return (len(groups) == len(cached) > 0 and alignment > 0
+            and all(kind in LOOKUP_KINDS and size > 0 and alignment % size == 0
+                    for kind, size, _, _ in groups))
+
+
+@icontract.require(lambda groups, cached, alignment: _check_groups(groups, cached, alignment), enabled=ENABLED)
+@icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, alignment, max_cache_hit_length:
+                  result % alignment == 0 and 0 <= result <= max_cache_hit_length, enabled=ENABLED)
+@defines(KV_HYB_003)
+def declarative_hit(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
+                    max_cache_hit_length: int, alignment: int) -> int:
+    """The greatest aligned length within the bound that every spec group accepts."""
+    length = max_cache_hit_length - max_cache_hit_length % alignment
+    while length > 0:
+        if all(group_accepts(kind, flags, length, size, param, eagle, alignment)
+               for (kind, size, param, eagle), flags in zip(groups, cached)):
+            return length
+        length -= alignment
+    return 0
+
+
+@icontract.require(lambda groups, cached, alignment: _check_groups(groups, cached, alignment), enabled=ENABLED)
+@icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
+@icontract.require(lambda num_hashed_tokens: num_hashed_tokens >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, max_cache_hit_length: 0 <= result[0] <= max_cache_hit_length,
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, alignment: result[0] % alignment == 0, enabled=ENABLED)
+@icontract.ensure(lambda result: all(length >= result[0] for length in result[1]), enabled=ENABLED)
+@icontract.ensure(lambda result: result[2] >= 0, enabled=ENABLED)
+@defines(KV_HYB_002, KV_HYB_004, KV_HYB_005, KV_HYB_006, KV_HYB_007, KV_HYB_008, KV_HYB_009)
+def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
+                max_cache_hit_length: int, num_hashed_tokens: int, alignment: int,
+                ideal: bool = False) -> tuple[int, tuple[int, ...], int, int]:
+    """vLLM 0.33.0's fixed-point loop over flat arguments.
+
+    With ``ideal`` the two named engine differences are removed: sliding-window
+    groups answer the greatest accepted length (no KV-SWA-010) and any shrink of the
+    candidate re-arms every other group's EAGLE drop (no KV-HYB-009). The ideal loop
+    returns :func:`declarative_hit` exactly when no sliding window is 1 (KV-SWA-003);
+    the tests check both statements.
+
+    ``groups[g]`` describes spec group ``g`` (already merged, KV-HYB-002) and
+    ``cached[g]`` which of its blocks are cached in every member group. Returns
+    ``(hit_length, per-group hit lengths before the final trim, uncached common prefix
+    tokens, group lookups made)``. The per-group lengths are what each group's hit
+    blocks cover before KV-HYB-006 trims the full-attention ones.
+    """
+    order = lookup_order(tuple(kind for kind, _, _, _ in groups))
+    simple = len(groups) == 2 and _is_full(groups[order[0]][0])
+    hit_length = max_cache_hit_length
+    looked_up = [False] * len(groups)
+    group_length = [0] * len(groups)
+    longest = 0
+    verified: set[int] = set()
+    lookups = 0
+    while True:
+        candidate = hit_length
+        for g in order:
+            kind, size, param, eagle = groups[g]
+            if _is_full(kind) and looked_up[g]:
+                candidate = min(candidate, group_length[g])  # KV-HYB-006: trim only
+                continue
+            drop = eagle and g not in verified
+            bound = candidate
+            if drop and eagle_margin(kind, size):
+                bound = min(candidate + eagle_margin(kind, size), num_hashed_tokens)
+            if ideal and kind == SLIDING_WINDOW:
+                answer = sliding_window.greatest_accepted(cached[g], bound, size, param, drop, alignment)
+            else:
+                answer = group_hit_length(kind, cached[g], bound, size, param, drop, alignment)
+            lookups += 1
+            if ideal and answer < candidate:
+                verified = {g} if drop else set()
+            elif drop:
+                verified.add(g)
+            elif answer < candidate:
+                verified.clear()  # KV-HYB-009: only a non-EAGLE shrink clears
+            candidate = answer
+            looked_up[g] = True
+            group_length[g] = answer
+            longest = max(longest, candidate)
+        if candidate >= hit_length:
+            break
+        hit_length = candidate
+        if simple:
+            break  # KV-HYB-005
+    return hit_length, tuple(group_length), longest - hit_length, lookups
