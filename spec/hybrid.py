@@ -315,7 +315,8 @@ def declarative_hit(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...
 @defines(KV_HYB_002, KV_HYB_004, KV_HYB_005, KV_HYB_006, KV_HYB_007, KV_HYB_008, KV_HYB_009)
 def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
                 max_cache_hit_length: int, num_hashed_tokens: int, alignment: int,
-                ideal: bool = False) -> tuple[int, tuple[int, ...], int, int]:
+                ideal: bool = False
+                ) -> tuple[int, tuple[int, ...], int, int, tuple[tuple[int, bool], ...]]:
     """vLLM 0.33.0's fixed-point loop over flat arguments.
 
     With ``ideal`` the two named engine differences are removed: sliding-window
@@ -327,14 +328,17 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
     ``groups[g]`` describes spec group ``g`` (already merged, KV-HYB-002) and
     ``cached[g]`` which of its blocks are cached in every member group. Returns
     ``(hit_length, per-group hit lengths before the final trim, uncached common prefix
-    tokens, group lookups made)``. The per-group lengths are what each group's hit
-    blocks cover before KV-HYB-006 trims the full-attention ones.
+    tokens, group lookups made, per-group (bound, drop) of its last lookup)``. The
+    per-group lengths are what each group's hit blocks cover before KV-HYB-006 trims the
+    full-attention ones; the last lookup's bound and drop fix where a group's null
+    blocks are (KV-HYB-013).
     """
     order = lookup_order(tuple(kind for kind, _, _, _ in groups))
     simple = len(groups) == 2 and _is_full(groups[order[0]][0])
     hit_length = max_cache_hit_length
     looked_up = [False] * len(groups)
     group_length = [0] * len(groups)
+    last_lookup = [(0, False)] * len(groups)
     longest = 0
     verified: set[int] = set()
     lookups = 0
@@ -354,6 +358,7 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
             else:
                 answer = group_hit_length(kind, cached[g], bound, size, param, drop, alignment)
             lookups += 1
+            last_lookup[g] = (bound, drop)
             if ideal and answer < candidate:
                 verified = {g} if drop else set()
             elif drop:
@@ -369,4 +374,27 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
         hit_length = candidate
         if simple:
             break  # KV-HYB-005
-    return hit_length, tuple(group_length), longest - hit_length, lookups
+    return hit_length, tuple(group_length), longest - hit_length, lookups, tuple(last_lookup)
+
+
+@icontract.require(lambda kind: kind in LOOKUP_KINDS, enabled=ENABLED)
+@icontract.require(lambda num_blocks, bound: num_blocks >= 0 and bound >= 0, enabled=ENABLED)
+@icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_blocks: 0 <= result <= num_blocks, enabled=ENABLED)
+@icontract.ensure(lambda result, kind: kind != FULL or result == 0, enabled=ENABLED)
+@defines(KV_HYB_013)
+def num_null_hit_blocks(kind: str, num_blocks: int, bound: int, drop_eagle: bool, block_size: int,
+                        param: int) -> int:
+    """How many leading entries of a group's ``num_blocks``-block hit are the null block.
+
+    ``bound`` and ``drop_eagle`` are those of the group's last lookup. The rest of the
+    hit entries are cached blocks.
+    """
+    if kind == FULL or num_blocks == 0:
+        return 0
+    if kind == SLIDING_WINDOW:
+        run = max(sliding_window.contiguous_blocks_needed(param, block_size, drop_eagle), 1)
+        return max(0, num_blocks + (1 if drop_eagle else 0) - run)
+    if kind == CHUNKED_LOCAL:
+        return min(chunked_local.num_null_blocks(bound, block_size, param), num_blocks)
+    return num_blocks - 1

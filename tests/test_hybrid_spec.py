@@ -143,7 +143,7 @@ def hybrid_lookups(draw: st.DrawFn, eagle: bool | None = None, min_window: int =
 def test_fixed_point_is_the_declarative_hit_without_eagle(case) -> None:
     """KV-HYB-003/004/005: without EAGLE vLLM's loop returns the declarative answer."""
     groups, cached, bound, hashed, alignment = case
-    hit, lengths, uncached, lookups = hybrid.fixed_point(groups, cached, bound, hashed, alignment)
+    hit, lengths, uncached, lookups, _ = hybrid.fixed_point(groups, cached, bound, hashed, alignment)
     assert hit == hybrid.declarative_hit(groups, cached, bound, alignment)
     assert lookups <= len(groups) * (bound // alignment + 2)
     assert uncached >= 0 and all(length >= hit for length in lengths)
@@ -186,7 +186,7 @@ def test_simple_hybrid_is_one_pass() -> None:
     """KV-HYB-005: full + sliding window -> at most one lookup each."""
     groups = (("sliding_window", 2, 3, False), ("full", 2, 0, False))
     cached = ((True, False, True, True, True, False), (True, True, True, True, True, True))
-    hit, _, _, lookups = hybrid.fixed_point(groups, cached, 11, 12, 2)
+    hit, _, _, lookups, _ = hybrid.fixed_point(groups, cached, 11, 12, 2)
     assert lookups == 2
     assert hit == hybrid.declarative_hit(groups, cached, 11, 2) == 10
 

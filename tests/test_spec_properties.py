@@ -103,6 +103,7 @@ TESTED = {
     "hybrid.group_accepts",
     "hybrid.declarative_hit",
     "hybrid.fixed_point",
+    "hybrid.num_null_hit_blocks",
 }
 
 

@@ -1,0 +1,228 @@
+"""The hybrid coordinator's cache-hit lookup (spec chapter ``hybrid``).
+
+A hybrid model's KV-cache groups share one block pool. This module builds the
+spec groups (KV-HYB-002), reads which of a request's blocks each spec group
+has cached, lets the spec's fixed point (:func:`kvoracle.spec.hybrid.fixed_point`)
+decide the hit, and hands back each group's hit blocks: cached blocks where the
+attention type reads them, the null block elsewhere (KV-HYB-013).
+
+``seed_cache`` is the one way in which a lookup check fills the pool: it caches
+chosen blocks of a prompt in one group and releases them, as a finished
+request would have, so that they sit in the free queue as eviction candidates.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+import icontract
+
+from kvoracle.spec import hybrid as spec
+from kvoracle.spec.config import ConfigError
+from kvoracle.spec.hashing import block_size_view_index
+from kvoracle.spec.lifecycle import cdiv
+
+from .block import KVCacheBlock
+from .block_pool import BlockPool
+from .contracts import ENABLED
+from .kv_cache_spec import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SinkFullAttentionSpec,
+    SlidingWindowSpec,
+)
+
+
+def _lookup_kind(kv_spec: KVCacheSpec) -> str | None:
+    """The spec's kind as the hybrid lookup knows it; None for groups it skips."""
+    if isinstance(kv_spec, CrossAttentionSpec):
+        return None  # KV-CROSS-002: never prefix-cached
+    if isinstance(kv_spec, SinkFullAttentionSpec):
+        return spec.FULL
+    return kv_spec.kind if kv_spec.kind in spec.LOOKUP_KINDS else None
+
+
+def _window_or_chunk(kv_spec: KVCacheSpec) -> int:
+    if isinstance(kv_spec, SlidingWindowSpec):
+        return kv_spec.sliding_window
+    if isinstance(kv_spec, ChunkedLocalAttentionSpec):
+        return kv_spec.attention_chunk_size
+    return 0
+
+
+@attrs.frozen
+class HybridConfig:
+    """Several KV-cache groups over one pool of ``num_blocks`` blocks.
+
+    Construction validates the configuration and raises :class:`ConfigError` naming the
+    rule and the parameter: KV-HYB-001 (block sizes), KV-CHUNK-003 (chunked local
+    attention), KV-MAMBA-003 (Mamba block size).
+    """
+
+    kv_cache_specs: tuple[KVCacheSpec, ...]
+    num_blocks: int
+    max_model_len: int
+    hash_block_size: int
+    use_eagle: bool = False
+
+    def __attrs_post_init__(self) -> None:
+        if not self.kv_cache_specs:
+            raise ConfigError("KV-HYB-001", "kv_cache_specs", "a hybrid model needs at least one group")
+        if self.num_blocks < 2:
+            raise ConfigError("KV-CFG-001", "num_blocks", f"need the null block and one more, got {self.num_blocks}")
+        if self.max_model_len <= 0:
+            raise ConfigError("KV-CFG-003", "max_model_len", f"must be positive, got {self.max_model_len}")
+        if self.hash_block_size <= 0:
+            raise ConfigError("KV-HYB-001", "hash_block_size", f"must be positive, got {self.hash_block_size}")
+        alignment = self.scheduler_block_size
+        for index, kv_spec in enumerate(self.kv_cache_specs):
+            if _lookup_kind(kv_spec) is not None and kv_spec.block_size % self.hash_block_size:
+                raise ConfigError(
+                    "KV-HYB-001", f"kv_cache_specs[{index}].block_size",
+                    f"block size {kv_spec.block_size} is not a multiple of hash_block_size {self.hash_block_size}")
+            if isinstance(kv_spec, ChunkedLocalAttentionSpec):
+                if self.use_eagle:
+                    raise ConfigError("KV-CHUNK-003", "use_eagle",
+                                      "chunked local attention cannot be combined with EAGLE")
+                if kv_spec.block_size != alignment:
+                    raise ConfigError(
+                        "KV-CHUNK-003", f"kv_cache_specs[{index}].block_size",
+                        f"chunked local block size {kv_spec.block_size} must equal the scheduler block size "
+                        f"{alignment}")
+            if isinstance(kv_spec, MambaSpec) and kv_spec.block_size != self.hash_block_size:
+                raise ConfigError(
+                    "KV-MAMBA-003", f"kv_cache_specs[{index}].block_size",
+                    f"Mamba block size {kv_spec.block_size} must equal hash_block_size {self.hash_block_size} "
+                    "(sub-block partial hits are not specified)")
+
+    @property
+    def scheduler_block_size(self) -> int:
+        """KV-HYB-001: the LCM of the groups' block sizes, the hit alignment."""
+        return spec.scheduler_block_size(tuple(s.block_size for s in self.kv_cache_specs))
+
+
+@attrs.frozen
+class SpecGroup:
+    """Groups with one spec, looked up together (KV-HYB-002)."""
+
+    kv_cache_spec: KVCacheSpec
+    group_ids: tuple[int, ...]
+    kind: str
+
+    def flat(self, use_eagle: bool) -> spec.SpecGroup:
+        eagle = use_eagle and self.kind != spec.CHUNKED_LOCAL
+        return (self.kind, self.kv_cache_spec.block_size, _window_or_chunk(self.kv_cache_spec), eagle)
+
+
+def _hit_blocks_are_cached(coordinator: HybridCoordinator, block_hashes: Sequence[bytes],
+                           result: tuple[tuple[list[KVCacheBlock], ...], int, int]) -> bool:
+    """Every non-null hit entry is the block a lookup of its key returns (KV-FULL-002)."""
+    for group_id, blocks in enumerate(result[0]):
+        size = coordinator.config.kv_cache_specs[group_id].block_size
+        for j, block in enumerate(blocks):
+            if block.is_null:
+                continue
+            key = (coordinator.view_hash(block_hashes, size, j), group_id)
+            if coordinator.pool._cached_block(key) is not block:
+                return False
+    return True
+
+
+def _full_groups_trimmed(coordinator: HybridCoordinator,
+                         result: tuple[tuple[list[KVCacheBlock], ...], int, int]) -> bool:
+    """KV-HYB-006 / KV-HYB-013: every full-attention group holds exactly the final hit."""
+    return all(
+        len(result[0][g]) == cdiv(result[1], coordinator.config.kv_cache_specs[g].block_size)
+        and not any(b.is_null for b in result[0][g])
+        for group in coordinator.spec_groups if group.kind == spec.FULL for g in group.group_ids)
+
+
+class HybridCoordinator:
+    """Prefix-cache lookups across the groups of a hybrid model."""
+
+    def __init__(self, config: HybridConfig) -> None:
+        self.config = config
+        self.pool = BlockPool(config.num_blocks, enable_caching=True)
+        groups: list[SpecGroup] = []
+        for group_id, kv_spec in enumerate(config.kv_cache_specs):
+            kind = _lookup_kind(kv_spec)
+            if kind is None:
+                continue
+            for index, group in enumerate(groups):
+                if group.kv_cache_spec == kv_spec:
+                    groups[index] = attrs.evolve(group, group_ids=(*group.group_ids, group_id))
+                    break
+            else:
+                groups.append(SpecGroup(kv_spec, (group_id,), kind))
+        self.spec_groups = tuple(groups)
+
+    # -- hashes ------------------------------------------------------------------------
+    def view_hash(self, block_hashes: Sequence[bytes], block_size: int, index: int) -> bytes:
+        """Block ``index`` of a group with ``block_size`` is keyed by this hash (KV-HASH-006)."""
+        return block_hashes[block_size_view_index(index, block_size // self.config.hash_block_size)]
+
+    def _num_view_blocks(self, block_hashes: Sequence[bytes], block_size: int) -> int:
+        return len(block_hashes) * self.config.hash_block_size // block_size
+
+    def _cached_flags(self, block_hashes: Sequence[bytes], group: SpecGroup) -> tuple[bool, ...]:
+        """Which of the request's blocks every member group has cached (KV-HYB-002)."""
+        size = group.kv_cache_spec.block_size
+        return tuple(
+            all(self.pool._cached_block((self.view_hash(block_hashes, size, j), g)) is not None
+                for g in group.group_ids)
+            for j in range(self._num_view_blocks(block_hashes, size)))
+
+    # -- lookup ------------------------------------------------------------------------
+    @icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
+    @icontract.ensure(lambda self, max_cache_hit_length, result:
+                      0 <= result[1] <= max_cache_hit_length
+                      and result[1] % self.config.scheduler_block_size == 0,
+                      "KV-HYB-004: the hit is aligned and within the bound", enabled=ENABLED)
+    @icontract.ensure(lambda self, result: _full_groups_trimmed(self, result),
+                      "KV-HYB-006: every full-attention group is trimmed to the hit", enabled=ENABLED)
+    @icontract.ensure(lambda self, block_hashes, result: _hit_blocks_are_cached(self, block_hashes, result),
+                      "KV-FULL-002/KV-HYB-013: non-null hit entries are the cached blocks", enabled=ENABLED)
+    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+                               ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
+        """``(hit blocks per group, hit length, uncached common prefix tokens)``."""
+        flat = tuple(group.flat(self.config.use_eagle) for group in self.spec_groups)
+        cached = tuple(self._cached_flags(block_hashes, group) for group in self.spec_groups)
+        num_hashed = len(block_hashes) * self.config.hash_block_size
+        hit, lengths, uncached, _, last_lookup = spec.fixed_point(
+            flat, cached, max_cache_hit_length, num_hashed, self.config.scheduler_block_size)
+        blocks: list[list[KVCacheBlock]] = [[] for _ in self.config.kv_cache_specs]
+        for group, (kind, size, param, _), length, (bound, drop) in zip(
+                self.spec_groups, flat, lengths, last_lookup):
+            num_blocks = cdiv(hit, size) if kind == spec.FULL else length // size
+            nulls = spec.num_null_hit_blocks(kind, num_blocks, bound, drop, size, param)
+            for group_id in group.group_ids:
+                blocks[group_id] = [self.pool.null_block] * nulls + [
+                    self.pool._cached_block((self.view_hash(block_hashes, size, j), group_id))
+                    for j in range(nulls, num_blocks)]
+        return tuple(blocks), hit, uncached
+
+    # -- filling the cache -------------------------------------------------------------
+    def seed_cache(self, block_hashes: Sequence[bytes], group_id: int, mask: Sequence[bool]) -> list[int]:
+        """Cache block ``j`` of the prompt in ``group_id`` for each ``mask[j]``, then release them.
+
+        Allocates one block per position up to the last masked one (the positions
+        not cached are freed uncached, as a request's unreachable blocks would be),
+        caches the masked ones under their keys and frees the table tail first
+        (KV-POOL-007). Returns the block ids cached, in position order.
+        """
+        size = self.config.kv_cache_specs[group_id].block_size
+        if len(mask) > self._num_view_blocks(block_hashes, size):
+            raise ValueError(f"mask covers {len(mask)} blocks but the prompt hashes only "
+                             f"{self._num_view_blocks(block_hashes, size)} of group {group_id}")
+        length = max((j + 1 for j, keep in enumerate(mask) if keep), default=0)
+        if length == 0:
+            return []
+        table = self.pool.get_new_blocks(length)
+        pairs = [(table[j], (self.view_hash(block_hashes, size, j), group_id))
+                 for j in range(length) if mask[j]]
+        self.pool.cache_blocks(pairs)
+        self.pool.free_blocks(list(reversed(table)))
+        return [block.block_id for block, _ in pairs]
