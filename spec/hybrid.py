@@ -307,11 +307,22 @@ def declarative_hit(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...
 @icontract.require(lambda groups, cached, alignment: _check_groups(groups, cached, alignment), enabled=ENABLED)
 @icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
 @icontract.require(lambda num_hashed_tokens: num_hashed_tokens >= 0, enabled=ENABLED)
+@icontract.require(lambda groups, cached, num_hashed_tokens: all(
+    len(flags) == num_hashed_tokens // size for (_, size, _, _), flags in zip(groups, cached)),
+    "each group's flags cover exactly the hashed tokens", enabled=ENABLED)
 @icontract.ensure(lambda result, max_cache_hit_length: 0 <= result[0] <= max_cache_hit_length,
                   enabled=ENABLED)
 @icontract.ensure(lambda result, alignment: result[0] % alignment == 0, enabled=ENABLED)
 @icontract.ensure(lambda result: all(length >= result[0] for length in result[1]), enabled=ENABLED)
 @icontract.ensure(lambda result: result[2] >= 0, enabled=ENABLED)
+@icontract.ensure(lambda groups, cached, max_cache_hit_length, alignment, result:
+                  any(eagle for _, _, _, eagle in groups)
+                  or result[0] == declarative_hit(groups, cached, max_cache_hit_length, alignment),
+                  "KV-HYB-003: without EAGLE the loop returns the declarative hit", enabled=ENABLED)
+@icontract.ensure(lambda groups, cached, max_cache_hit_length, alignment, ideal, result:
+                  not ideal or any(kind == SLIDING_WINDOW and param == 1 for kind, _, param, _ in groups)
+                  or result[0] == declarative_hit(groups, cached, max_cache_hit_length, alignment),
+                  "KV-HYB-003: the ideal loop returns the declarative hit (windows > 1)", enabled=ENABLED)
 @defines(KV_HYB_002, KV_HYB_004, KV_HYB_005, KV_HYB_006, KV_HYB_007, KV_HYB_008, KV_HYB_009)
 def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
                 max_cache_hit_length: int, num_hashed_tokens: int, alignment: int,
