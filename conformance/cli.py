@@ -24,12 +24,19 @@ def _check(args: argparse.Namespace) -> int:
     options = RunOptions(max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
                          step_timeout=args.step_timeout or None, max_rounds=args.max_rounds,
                          replay_dir=None if args.no_replay else Path(args.replay_dir))
-    print(f"kvoracle {__version__}: checking engine {args.engine!r}", flush=True)
+    suite_name = "" if args.suite == "lockstep" else f" ({args.suite} suite)"
+    print(f"kvoracle {__version__}: checking engine {args.engine!r}{suite_name}", flush=True)
     try:
-        expectations = expectations_for(args.engine)  # conformance/engines/<name>.toml
+        if args.suite == "hybrid":
+            from .hybrid_lookup import hybrid_suite, load_hybrid_engine
+            suite = hybrid_suite()
+            expectations = expectations_for(load_hybrid_engine(args.engine))
+        else:
+            from .runner import LOCKSTEP as suite
+            expectations = expectations_for(args.engine)  # conformance/engines/<name>.toml
         result = run_suite(args.engine, options,
                            progress=lambda message: print(message, flush=True),
-                           expectations=expectations)
+                           expectations=expectations, suite=suite)
     except (EngineLoadError, ExpectationsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -77,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rounds after failures, one new failing rule each (default 12)")
     check.add_argument("--step-timeout", type=float, default=10.0,
                        help="seconds an engine may take for one operation; 0 = no limit")
+    check.add_argument("--suite", choices=("lockstep", "hybrid"), default="lockstep",
+                       help="lockstep: the whole manager against the reference (default); hybrid: "
+                            "the hybrid cache-hit lookup over several KV-cache groups")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")

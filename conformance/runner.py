@@ -13,6 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import attrs
 import hypothesis
@@ -38,6 +39,24 @@ class RunOptions:
     replay_dir: Path | None = Path("kvoracle-replays")
 
 
+@attrs.frozen
+class Suite:
+    """What a run drives: how an engine is loaded, judged and replayed.
+
+    The default is the lockstep suite; other suites (the hybrid lookup suite,
+    :mod:`.hybrid_lookup`) reuse the rounds, suppression and replay files below.
+    """
+
+    load: Callable[[str], Callable[[], Any]] = load_engine
+    make_verdicts: Callable[[Any, dict[str, str] | None], Verdicts] = \
+        lambda probe, expectations: Verdicts(probe.capabilities(), expectations)
+    make_machine: Callable[..., type] = make_machine
+    write_replay: Callable[[Path, str, Counterexample], Path] = write_replay
+
+
+LOCKSTEP = Suite()
+
+
 @attrs.define
 class RunResult:
     engine_name: str
@@ -57,15 +76,14 @@ class RunResult:
 
 def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | None = None,
               progress: Callable[[str], None] | None = None,
-              expectations: dict[str, str] | None = None) -> RunResult:
+              expectations: dict[str, str] | None = None, suite: Suite = LOCKSTEP) -> RunResult:
     """Run every applicable rule against ``engine``; never raises for engine failures."""
     options = options or RunOptions()
     say = progress or (lambda message: None)
-    factory = load_engine(engine) if isinstance(engine, str) else engine
+    factory = suite.load(engine) if isinstance(engine, str) else engine
     spec = engine if isinstance(engine, str) else engine_spec_of(engine)
     probe = factory()
-    capabilities = probe.capabilities()
-    verdicts = Verdicts(capabilities, expectations)
+    verdicts = suite.make_verdicts(probe, expectations)
     quarantine = Quarantine()
     examples = 0
 
@@ -81,7 +99,7 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
     rounds = 0
     for round_index in range(options.max_rounds):
         rounds += 1
-        machine = make_machine(factory, verdicts, quarantine, options.step_timeout,
+        machine = suite.make_machine(factory, verdicts, quarantine, options.step_timeout,
                                on_example=count_example)
         settings = hypothesis.settings(
             max_examples=options.max_examples, stateful_step_count=options.step_count,
@@ -120,7 +138,7 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
         for outcome in verdicts.outcomes.values():
             for example in outcome.counterexamples + outcome.errors:
                 if example.replay_path is None:
-                    example.replay_path = str(write_replay(options.replay_dir, spec, example))
+                    example.replay_path = str(suite.write_replay(options.replay_dir, spec, example))
     return RunResult(
         engine_name=getattr(probe, "name", type(probe).__name__),
         engine_version=str(probe.version()) if hasattr(probe, "version") else "unknown",
