@@ -61,6 +61,23 @@ def contracted_functions() -> dict[str, object]:
 #: The contracted spec functions this module tests; a new one must be added here.
 TESTED = {
     "config.first_invalid_parameter",
+    # kv_cache_spec: property-tested in tests/test_kv_cache_spec.py
+    "kv_cache_spec.attention_page_size_bytes",
+    "kv_cache_spec.padded_page_size_bytes",
+    "kv_cache_spec.mamba_page_size_bytes",
+    "kv_cache_spec.full_attention_max_pages",
+    "kv_cache_spec.sliding_window_max_pages",
+    "kv_cache_spec.chunked_local_max_pages",
+    "kv_cache_spec.mamba_max_pages",
+    "kv_cache_spec.cross_attention_max_pages",
+    "kv_cache_spec.max_memory_usage_bytes",
+    "kv_cache_spec.uniform_page_size_bytes",
+    "kv_cache_spec.uniform_max_memory_bytes",
+    "kv_cache_spec.merge_window_sizes",
+    "kv_cache_spec.full_attention_merge_failure",
+    "kv_cache_spec.uniform_base_kind",
+    "kv_cache_spec.is_uniform_type",
+    "kv_cache_spec.first_invalid_kv_cache_config",
     "hashing.num_block_hashes",
     "hashing.block_size_view_index",
     "hashing.block_size_view_length",
