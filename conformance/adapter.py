@@ -61,6 +61,8 @@ class Capabilities:
     hash_block_views: bool = False
     #: ``zero``: vLLM >= 0.x deprecation (KV-LIFE-010); ``cascade``: KV-LIFE-011.
     common_prefix: str = attrs.field(default="zero")
+    #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
+    kv_data: bool = False
 
     @common_prefix.validator
     def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
@@ -89,6 +91,8 @@ class Observation:
     cached: Mapping[KeyRef, tuple[int, ...]] | None = None
     #: Request id -> the engine's block hashes (opaque values; compared for equality only).
     request_hashes: Mapping[str, tuple[object, ...]] | None = None
+    #: (rule id, ok, message) per KV-DATA check of the current store state (``kv_data``).
+    data_checks: tuple[tuple[str, bool, str], ...] | None = None
 
 
 @runtime_checkable

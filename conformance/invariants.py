@@ -58,6 +58,8 @@ def check_all(verdicts: Verdicts, config: EngineConfig, observation: Observation
     max_blocks = lifecycle.cdiv(config.max_model_len, config.block_size)
     check("KV-LIFE-015", all(len(g) <= max_blocks for groups in tables.values() for g in groups),
           lambda: f"a table is longer than {max_blocks} blocks: {dict(tables)}")
+    for rule_id, ok, message in observation.data_checks or ():  # KV-DATA, judged by the adapter
+        check(rule_id, ok, message)
 
     cached = observation.cached
     if cached is None:

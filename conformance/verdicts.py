@@ -59,6 +59,11 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "KV-LIFE-007": ("cache_map",),
     "KV-LIFE-008": ("delay_cache", "cache_map"),
     "KV-LIFE-012": ("caching_off", "cache_map"),
+    "KV-DATA-001": ("kv_data",),
+    "KV-DATA-002": ("kv_data",),
+    "KV-DATA-003": ("kv_data",),
+    "KV-DATA-004": ("kv_data", "cache_map"),
+    "KV-DATA-005": ("kv_data",),
 }
 
 

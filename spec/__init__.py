@@ -12,6 +12,7 @@ from . import (
     chunked_local,
     config,
     cross_attention,
+    data_integrity,
     full_attention,
     hashing,
     hybrid,
@@ -24,7 +25,8 @@ from .config import ConfigError, validate_config
 from .registry import Rule, all_rules, get_rule
 
 CHAPTERS = (config, kv_cache_spec, hashing, block_pool, full_attention, lifecycle, sliding_window,
-            chunked_local, mamba, cross_attention, hybrid)
+            chunked_local, mamba, cross_attention, hybrid,
+            data_integrity)
 
 __all__ = [
     "CHAPTERS",

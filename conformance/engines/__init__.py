@@ -13,6 +13,7 @@ from ..adapter import EngineAdapter
 BUILTIN_ENGINES: dict[str, str] = {
     "reference": "kvoracle.conformance.engines.reference:ReferenceEngine",
     "vllm": "kvoracle.conformance.engines.vllm:VllmEngine",
+    "gpu": "kvoracle.conformance.engines.gpu:GpuEngine",
 }
 
 

@@ -1,0 +1,445 @@
+"""The torch-backed engine, and the paged KV store wrapped around any adapter.
+
+* :class:`TorchEngine` -- kvoracle's tensor block pool and manager
+  (:mod:`kvoracle.gpu`) behind the adapter protocol. It claims everything the
+  reference claims: exact block ids, LRU order, every observation.
+* :class:`PagedStoreWrapper` -- wraps *any* adapter with a physical paged KV store
+  (:class:`kvoracle.gpu.PagedKVStore`) and judges the data in it (spec chapter
+  ``data_integrity``, KV-DATA). It plays the model runner: when the scheduler
+  runs a step (``advance``), it writes the value of every token the step
+  scheduled into the token's slot through the engine's block table; after every
+  operation its observation carries the results of checking the store against
+  what each request should see (``Observation.data_checks``), which the suite
+  records like any other invariant.
+* :class:`GpuEngine` (``kvoracle check --engine gpu``) -- the torch engine in its
+  paged store; :class:`PagedReferenceEngine` and :class:`PagedVllmEngine` wrap
+  the reference and vLLM.
+
+The device is :func:`kvoracle.gpu.default_device` (``KVORACLE_DEVICE`` overrides it).
+Importing this module needs torch; it takes ``torch`` from :mod:`kvoracle.gpu`, which
+imports it without the warning a CPU build without numpy prints.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvoracle import __version__
+from kvoracle.gpu import PagedKVStore, TorchKVCacheManager, default_device, torch
+from kvoracle.gpu.paged_store import NO_SLOT_EPOCH
+from kvoracle.spec import data_integrity as data_spec
+from kvoracle.spec import hashing
+
+from ..adapter import (
+    UNKNOWN_HASH,
+    Capabilities,
+    EngineAdapter,
+    EngineConfig,
+    KeyRef,
+    Lookup,
+    Observation,
+)
+
+
+class TorchEngine:
+    """Adapter over :class:`kvoracle.gpu.TorchKVCacheManager` (no KV store).
+
+    ``self.manager`` is the manager, ``self.manager.pool`` the tensor pool; subclass
+    and replace :meth:`make_manager` to build variants.
+    """
+
+    name = "torch"
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        self.device = torch.device(device) if device is not None else default_device()
+        self.config: EngineConfig | None = None
+        self.manager: TorchKVCacheManager | None = None
+        self.running: set[str] = set()
+        self.last_hit: dict[str, torch.Tensor] = {}
+
+    def version(self) -> str:
+        return f"{__version__} (torch {torch.__version__}, {self.device})"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(common_prefix="zero")
+
+    def make_manager(self, config: EngineConfig) -> TorchKVCacheManager:
+        return TorchKVCacheManager(
+            config.num_blocks, config.block_size, config.max_model_len,
+            hash_block_size=config.hash_block_size, enable_caching=config.enable_caching,
+            use_eagle=config.use_eagle, device=self.device)
+
+    def configure(self, config: EngineConfig) -> None:
+        self.config = config
+        self.manager = self.make_manager(config)
+        self.running = set()
+        self.last_hit = {}
+
+    def add_request(self, request_id: str, prompt: Sequence[int],
+                    cache_salt: str | None = None) -> None:
+        assert self.manager is not None
+        self.manager.add_request(request_id, prompt, cache_salt)
+
+    def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
+        assert self.manager is not None
+        blocks, num_tokens = self.manager.get_computed_blocks(request_id, max_cache_hit_length)
+        self.last_hit[request_id] = blocks
+        return Lookup((tuple(blocks.tolist()),), num_tokens)
+
+    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
+                 ) -> tuple[tuple[int, ...], ...] | None:
+        assert self.manager is not None
+        hit = self.last_hit.pop(request_id, None) if num_new_computed_tokens else None
+        new = self.manager.allocate_slots(request_id, num_new_tokens, num_new_computed_tokens,
+                                          hit, num_lookahead_tokens, delay_cache_blocks)
+        if new is None:
+            return None
+        if request_id not in self.running:  # the first allocation adopts the hit
+            self.running.add(request_id)
+            self.manager.requests[request_id].num_computed_tokens += num_new_computed_tokens
+        return (tuple(new.tolist()),)
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        assert self.manager is not None
+        self.manager.requests[request_id].num_computed_tokens += num_tokens
+
+    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
+        assert self.manager is not None
+        self.manager.append_tokens(request_id, tokens)
+
+    def free(self, request_id: str, preempted: bool = False) -> None:
+        assert self.manager is not None
+        self.manager.free(request_id)
+        self.running.discard(request_id)
+        self.last_hit.pop(request_id, None)
+        if preempted:
+            self.manager.requests[request_id].num_computed_tokens = 0
+        else:
+            self.manager.forget(request_id)
+
+    def evict(self, block_ids: Sequence[int]) -> None:
+        assert self.manager is not None
+        self.manager.evict_blocks(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        assert self.manager is not None
+        return self.manager.reset_prefix_cache()
+
+    def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
+        return (0,)  # KV-LIFE-010: cascade attention is gone
+
+    def paged_block_tables(self, request_id: str) -> tuple[torch.Tensor, ...] | None:
+        """The request's block table per group, as tensors (for :class:`PagedStoreWrapper`)."""
+        assert self.manager is not None
+        table = self.manager.tables.get(request_id)
+        return None if table is None else (table,)
+
+    def observe(self) -> Observation:
+        manager = self.manager
+        assert manager is not None
+        pool = manager.pool
+        return Observation(
+            num_free_blocks=pool.num_free_blocks(),
+            usage=pool.usage(),
+            block_tables={rid: (tuple(table.tolist()),) for rid, table in manager.tables.items()},
+            free_queue=tuple(pool.free_queue().tolist()),
+            ref_counts=tuple(pool.ref_cnt.tolist()),
+            cached=pool.cached_map(),
+            request_hashes={rid: r.hashes for rid, r in manager.requests.items()},
+        )
+
+
+@attrs.define
+class _Tracked:
+    """What the store knows of one request: the values its tokens write, and its reliance."""
+
+    tokens: list[int]
+    salt: str | None
+    #: Slot value of every token position (spec ``extend_prefix_values``).
+    values: tuple[int, ...] = ()
+    hashes: tuple[bytes, ...] = ()
+    running: bool = False
+    #: Positions the request relies on: 0 .. computed - 1.
+    computed: int = 0
+    #: The first ``hit_tokens`` of them came from a prefix-cache hit.
+    hit_tokens: int = 0
+    #: Per relied-on position, the store epoch since which the request relies on it.
+    since: list[int] = attrs.Factory(list)
+    #: Tokens the last allocation scheduled, written when the step runs (``advance``).
+    scheduled: int = 0
+    #: The verdicts on the data of the request's last lookup: (rule id, ok, message) each.
+    lookup_check: tuple[tuple[str, bool, str], ...] = ()
+
+
+class PagedStoreWrapper:
+    """Any engine adapter, plus a paged KV store whose data is judged (KV-DATA rules).
+
+    Everything is forwarded to ``inner``; the wrapper only adds writes to the store
+    when a step runs, and data checks to every observation. If the inner adapter
+    has ``paged_block_tables(request_id)`` (per-group block tables, e.g. as tensors)
+    the writes use it; otherwise they read the tables from ``inner.observe()``.
+    """
+
+    def __init__(self, inner: EngineAdapter, device: torch.device | str | None = None) -> None:
+        self.inner = inner
+        self.name = f"{inner.name}+paged-store"
+        self.device = torch.device(device) if device is not None else default_device()
+        self.config: EngineConfig | None = None
+        self.store: PagedKVStore | None = None
+        self.tracked: dict[str, _Tracked] = {}
+        #: Cache key -> the values its block holds (every prefix seen since configure).
+        self.key_values: dict[KeyRef, tuple[int, ...]] = {}
+
+    # -- forwarded -----------------------------------------------------------------------
+    def version(self) -> str:
+        return self.inner.version()
+
+    def capabilities(self) -> Capabilities:
+        return attrs.evolve(self.inner.capabilities(), kv_data=True)
+
+    def configure(self, config: EngineConfig) -> None:
+        self.inner.configure(config)
+        self.config = config
+        self.store = PagedKVStore(config.num_blocks, (config.block_size,), self.device)
+        self.tracked = {}
+        self.key_values = {}
+
+    def add_request(self, request_id: str, prompt: Sequence[int],
+                    cache_salt: str | None = None) -> None:
+        self.inner.add_request(request_id, prompt, cache_salt)
+        self.tracked[request_id] = _Tracked(list(prompt), cache_salt)
+        self._extend(request_id)
+
+    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
+        self.inner.append_tokens(request_id, tokens)
+        self.tracked[request_id].tokens.extend(tokens)
+        self._extend(request_id)
+
+    def _extend(self, request_id: str) -> None:
+        """The new tokens' slot values, and the contents each new full block's key names."""
+        assert self.config is not None
+        request = self.tracked[request_id]
+        request.values = data_spec.extend_prefix_values(request.values, request.tokens,
+                                                        request.salt)
+        known = len(request.hashes)
+        request.hashes = hashing.extend_block_hashes(
+            request.hashes, tuple(request.tokens), self.config.hash_block_size, request.salt)
+        size = self.config.block_size
+        scale = size // self.config.hash_block_size
+        for index in range(known, len(request.hashes)):
+            if (index + 1) % scale == 0:  # the hash that names a whole block (KV-HASH-006)
+                block = (index + 1) // scale - 1
+                self.key_values.setdefault((request.hashes[index], 0),
+                                           request.values[block * size:(block + 1) * size])
+
+    def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
+        hit = self.inner.lookup(request_id, max_cache_hit_length)
+        self.tracked[request_id].lookup_check = self._check_hit(request_id, hit)
+        return hit
+
+    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
+                 ) -> tuple[tuple[int, ...], ...] | None:
+        result = self.inner.allocate(request_id, num_new_tokens, num_new_computed_tokens,
+                                     num_lookahead_tokens, delay_cache_blocks)
+        if result is None:
+            return None
+        assert self.store is not None
+        request = self.tracked[request_id]
+        if not request.running:  # adopting the hit: the request relies on it from now on
+            request.running = True
+            request.computed = request.hit_tokens = num_new_computed_tokens
+            request.since = [self.store.clock] * num_new_computed_tokens
+        request.scheduled = num_new_tokens
+        return result
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        """The step ran: write the KV of every token it scheduled that the request has.
+
+        That includes drafts at positions the request already has tokens for, so that a
+        block the step cached (up to ``num_tokens_to_cache``) is fully written.
+        """
+        self.inner.advance(request_id, num_tokens)
+        assert self.store is not None
+        request = self.tracked[request_id]
+        start = request.computed
+        stop = min(start + max(num_tokens, request.scheduled), len(request.tokens))
+        request.scheduled = 0
+        if stop > start:
+            table = self._table(request_id, 0)
+            positions = torch.arange(start, stop, device=self.device)
+            values = torch.tensor(request.values[start:stop], dtype=torch.int64,
+                                  device=self.device)
+            epoch = self.store.write(0, table, positions, values)
+        else:
+            epoch = self.store.clock
+        request.since.extend([epoch] * num_tokens)
+        request.computed += num_tokens
+
+    def free(self, request_id: str, preempted: bool = False) -> None:
+        self.inner.free(request_id, preempted)
+        if preempted:
+            request = self.tracked[request_id]
+            request.running = False
+            request.computed = request.hit_tokens = request.scheduled = 0
+            request.since = []
+            request.lookup_check = ()
+        else:
+            del self.tracked[request_id]
+
+    def evict(self, block_ids: Sequence[int]) -> None:
+        self.inner.evict(block_ids)
+
+    def reset_prefix_cache(self) -> bool:
+        return self.inner.reset_prefix_cache()
+
+    def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
+        return self.inner.common_prefix_blocks(request_id)
+
+    def observe(self) -> Observation:
+        observation = self.inner.observe()
+        return attrs.evolve(observation, data_checks=self._data_checks(observation))
+
+    # -- the store -----------------------------------------------------------------------
+    def _table(self, request_id: str, group: int,
+               observation: Observation | None = None) -> torch.Tensor:
+        tables = None
+        if observation is None:
+            reader = getattr(self.inner, "paged_block_tables", None)
+            if reader is not None:
+                tables = reader(request_id)
+            else:
+                observation = self.inner.observe()
+        if observation is not None:
+            tables = observation.block_tables.get(request_id)
+        if tables is None or group >= len(tables):
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        table = tables[group]
+        if isinstance(table, torch.Tensor):
+            return table.to(device=self.device, dtype=torch.int64)
+        return torch.tensor(list(table), dtype=torch.int64, device=self.device)
+
+    def _check_hit(self, request_id: str, hit: Lookup) -> tuple[tuple[str, bool, str], ...]:
+        """KV-DATA-001/002: the hit blocks, read in table order, hold the request's prefix."""
+        if hit.num_tokens <= 0 or not hit.block_ids:
+            return ()
+        assert self.store is not None
+        request = self.tracked[request_id]
+        table = torch.tensor(hit.block_ids[0], dtype=torch.int64, device=self.device)
+        count = min(hit.num_tokens, len(request.values))
+        positions = torch.arange(count, device=self.device)
+        actual, _ = self.store.read(0, table, positions)
+        expected = torch.tensor(request.values[:count], dtype=torch.int64, device=self.device)
+        wrong = (actual != expected).nonzero()
+        if not wrong.numel():  # one read judges both rules
+            return ((data_spec.KV_DATA_001, True, ""), (data_spec.KV_DATA_002, True, ""))
+        position = int(wrong[0])
+        found = int(actual[position])
+        rule_id = data_spec.slot_violation(request.values[position], found, 0, 0, True)
+        assert rule_id is not None
+        what = "was never written" if found == data_spec.UNWRITTEN else \
+            "holds another prefix's data"
+        return ((rule_id, False, (
+            f"hit of {hit.num_tokens} tokens for {request_id} (blocks {hit.block_ids[0]}): "
+            f"position {position} (block {hit.block_ids[0][position // self.store.block_sizes[0]]}) "
+            f"{what}")),)
+
+    def _data_checks(self, observation: Observation) -> tuple[tuple[str, bool, str], ...]:
+        if self.store is None:
+            return ()
+        checks: list[tuple[str, bool, str]] = []
+        null_slots = tuple(self.store.values[0][0].tolist())
+        checks.append((data_spec.KV_DATA_005, data_spec.null_block_unwritten(null_slots),
+                       f"the null block holds written slots: {null_slots}"))
+        for request_id, request in self.tracked.items():
+            checks.extend(request.lookup_check)
+            if request.running and request.computed:
+                checks.append(self._check_relied(request_id, request, observation))
+        if observation.cached:
+            checks.append(self._check_cached(observation.cached))
+        return tuple(checks)
+
+    def _check_relied(self, request_id: str, request: _Tracked,
+                      observation: Observation) -> tuple[str, bool, str]:
+        """KV-DATA-003 (or -001/-002): the data a running request relies on is still there."""
+        assert self.store is not None
+        table = self._table(request_id, 0, observation)
+        positions = torch.arange(request.computed, device=self.device)
+        actual, epochs = self.store.read(0, table, positions)
+        expected = torch.tensor(request.values[:request.computed], dtype=torch.int64,
+                                device=self.device)
+        wrong = (actual != expected).nonzero()
+        if not wrong.numel():
+            return (data_spec.KV_DATA_003, True, "")
+        position = int(wrong[0])
+        written_at = int(epochs[position])
+        rule_id = data_spec.slot_violation(
+            request.values[position], int(actual[position]), written_at,
+            request.since[position], position < request.hit_tokens)
+        assert rule_id is not None
+        size = self.store.block_sizes[0]
+        where = f"block {int(table[position // size])} slot {position % size}" \
+            if written_at != NO_SLOT_EPOCH else "no slot (the table is too short)"
+        origin = "from its hit" if position < request.hit_tokens else "computed by itself"
+        return (rule_id, False, (
+            f"{request_id} relies on position {position} ({origin}, since write epoch "
+            f"{request.since[position]}), but {where} holds other data "
+            f"(last changed at epoch {written_at if written_at != NO_SLOT_EPOCH else '-'})"))
+
+    def _check_cached(self, cached: dict) -> tuple[str, bool, str]:
+        """KV-DATA-004: every cached block holds the prefix its key names."""
+        assert self.store is not None
+        keys, blocks, expected = [], [], []
+        for key, block_ids in cached.items():
+            values = self.key_values.get(key)
+            if values is None or key[0].startswith(UNKNOWN_HASH):
+                continue  # a key kvoracle cannot place: the cache-map rules judge it
+            for block_id in block_ids:
+                keys.append(key)
+                blocks.append(block_id)
+                expected.append(values)
+        if not blocks:
+            return (data_spec.KV_DATA_004, True, "")
+        actual = self.store.blocks(0, torch.tensor(blocks, dtype=torch.int64,
+                                                   device=self.device))
+        bad = (actual != torch.tensor(expected, dtype=torch.int64,
+                                      device=self.device)).any(dim=1).nonzero()
+        if not bad.numel():
+            return (data_spec.KV_DATA_004, True, "")
+        index = int(bad[0])
+        row = tuple(actual[index].tolist())
+        assert not data_spec.cached_block_intact(expected[index], row)
+        unwritten = sum(v == data_spec.UNWRITTEN for v in row)
+        return (data_spec.KV_DATA_004, False, (
+            f"block {blocks[index]} is cached under key {keys[index][0].hex()[:12]} but holds "
+            f"other data ({unwritten} of {len(row)} slots unwritten)"))
+
+
+class GpuEngine(PagedStoreWrapper):
+    """``kvoracle check --engine gpu``: the torch engine in its paged KV store, one device."""
+
+    def __init__(self, device: torch.device | str | None = None) -> None:
+        device = torch.device(device) if device is not None else default_device()
+        super().__init__(TorchEngine(device), device)
+        self.name = "gpu"
+
+
+class PagedReferenceEngine(PagedStoreWrapper):
+    """kvoracle's reference manager in a paged KV store."""
+
+    def __init__(self) -> None:
+        from .reference import ReferenceEngine
+
+        super().__init__(ReferenceEngine())
+
+
+class PagedVllmEngine(PagedStoreWrapper):
+    """vLLM's ``KVCacheManager`` (``--engine vllm``) in a paged KV store."""
+
+    def __init__(self) -> None:
+        from .vllm import VllmEngine
+
+        super().__init__(VllmEngine())

@@ -1,0 +1,200 @@
+"""Chapter 5 -- Data integrity of the paged KV store.
+
+The other chapters judge block *ids*: which block a lookup returns, which one an
+allocation hands out, in which order freed blocks come back. This chapter judges
+what those ids stand for: the KV data in the blocks. A wrong block id is then
+not only a different number but visibly wrong data.
+
+**The paged store.** Each KV-cache group has a store of ``num_blocks`` blocks of
+``block_size`` slots. Token position ``p`` of a request lives in slot
+``p % block_size`` of block ``table[p // block_size]`` of the request's block
+table. When the scheduler runs a step, the forward pass writes the KV of every
+token it computed into that token's slot. The value written is a stand-in for
+real KV: a deterministic 64-bit value of the token id, its position and the
+whole prefix before it (and the cache salt), :func:`slot_value`, chained token
+by token from :func:`prefix_seed` like the block hashes of chapter 1. Two slots
+hold equal values (barring a 64-bit collision) exactly when they hold the KV
+of the same token at the same position after the same prefix. A slot nobody
+wrote holds :data:`UNWRITTEN` (0), a value :func:`slot_value` never returns.
+
+A step writes the tokens it scheduled that the request already has, drafts
+included: a cached block covers at most the tokens of the step that cached it
+(``num_tokens_to_cache``, KV-LIFE-007), and those are written by the same
+step's forward pass.
+
+**What a conforming engine guarantees about the data.** A prefix-cache hit
+stands in for computing the prefix: reading the hit blocks through the block
+table must give exactly what the request's own forward pass would have
+written (KV-DATA-001), and every hit slot must have been written by someone
+(KV-DATA-002). While a request holds a block, the data it relies on -- the
+slots it computed or adopted from a hit -- never changes (KV-DATA-003); a block
+can only be rewritten after every holder has freed it. A block listed under a
+cache key holds the data that key names (KV-DATA-004): reusing a cached block
+for other contents must drop its key first (KV-POOL-005). The null block
+stands for "no KV here" and is never written (KV-DATA-005).
+
+**Telling the failures apart.** The store remembers, per slot, when it was
+last changed (a write epoch), and per request, since when it relies on each
+position. A slot that differs from what the request expects was *overwritten*
+if it changed after the request began relying on it (KV-DATA-003); otherwise
+the request was *given* the wrong data: an unwritten slot from a hit
+(KV-DATA-002), or another prefix's data (KV-DATA-001). :func:`slot_violation`
+states the classification.
+
+Engines are judged on these rules only through an adapter that keeps the
+store (``kvoracle.conformance.engines.gpu.PagedStoreWrapper``, any engine) and
+declares the ``kv_data`` capability; the store needs torch (``kvoracle.gpu``).
+This chapter itself is pure Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+
+import icontract
+
+from .contracts import ENABLED
+from .registry import defines, rule
+
+CHAPTER = "data_integrity"
+RUNNER = "vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping"
+POOL = "vllm/v1/core/block_pool.py"
+
+KV_DATA_001 = rule(
+    "KV-DATA-001",
+    "A hit only returns blocks whose contents are the request's prefix",
+    """Every slot covered by a prefix-cache hit, read through the hit blocks in block-table
+    order, holds the value the request's own tokens would have written at that position
+    (same token, position, prefix and salt).""",
+    source=f"vllm/v1/core/kv_cache_manager.py get_computed_blocks; {RUNNER}",
+    chapter=CHAPTER,
+)
+KV_DATA_002 = rule(
+    "KV-DATA-002",
+    "A hit never covers unwritten slots",
+    """No slot covered by a hit is unwritten: a block is found by a lookup only after the
+    forward pass that computed its tokens wrote them; caching never runs ahead of the tokens
+    the caching step scheduled.""",
+    source=f"{POOL} BlockPool.cache_full_blocks (num_full_blocks from num_tokens_to_cache)",
+    chapter=CHAPTER,
+)
+KV_DATA_003 = rule(
+    "KV-DATA-003",
+    "A referenced block is never overwritten",
+    """While a request holds a block, the slots it has computed or adopted from a hit keep
+    their values: no write changes them until every holder has freed the block. (A block
+    with a non-zero reference count is never handed out, KV-POOL-010.)""",
+    source=f"{POOL} BlockPool.get_new_blocks (assert ref_cnt == 0), is_block_writable",
+    chapter=CHAPTER,
+)
+KV_DATA_004 = rule(
+    "KV-DATA-004",
+    "A cached block holds the contents its key names",
+    """Every block listed under a cache key holds, in every slot, the values of the prefix
+    the key identifies. A cached block reused for other contents loses its key before it is
+    written (KV-POOL-005).""",
+    source=f"{POOL} BlockPool.get_new_blocks / _maybe_evict_cached_block",
+    chapter=CHAPTER,
+)
+KV_DATA_005 = rule(
+    "KV-DATA-005",
+    "The null block is never written",
+    """No token's KV is written into block 0: a computed token's slot never lies in the null
+    block, so every null-block slot stays unwritten.""",
+    source=f"{POOL} BlockPool.__init__ (null_block); {RUNNER}",
+    chapter=CHAPTER,
+)
+
+#: The value of a slot no forward pass has written.
+UNWRITTEN = 0
+
+_MASK64 = (1 << 64) - 1
+_INT64_MIN = -(1 << 63)
+_INT64_MAX = (1 << 63) - 1
+
+
+def _mix64(x: int) -> int:
+    """splitmix64's finalizer: a bijection of 64-bit words that spreads every input bit."""
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & _MASK64
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & _MASK64
+    return x ^ (x >> 31)
+
+
+def _signed64(x: int) -> int:
+    return x - (1 << 64) if x >> 63 else x
+
+
+def prefix_seed(cache_salt: str | None) -> int:
+    """The value chained into a request's first slot: its salt ("" is no salt, KV-HASH-007)."""
+    digest = hashlib.sha256(b"kvoracle-kv-data:" + (cache_salt or "").encode()).digest()
+    return _signed64(int.from_bytes(digest[:8], "little"))
+
+
+@icontract.require(lambda prefix: _INT64_MIN <= prefix <= _INT64_MAX, enabled=ENABLED)
+@icontract.require(lambda position: position >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result: result != UNWRITTEN and _INT64_MIN <= result <= _INT64_MAX,
+                  enabled=ENABLED)
+def slot_value(prefix: int, token: int, position: int) -> int:
+    """The KV stand-in of ``token`` at ``position`` after a prefix whose last value is ``prefix``.
+
+    ``prefix`` is the previous position's value (:func:`prefix_seed` for position 0),
+    so the value covers the whole prefix. An int64, never :data:`UNWRITTEN`: the low
+    bit is always set.
+    """
+    word = _mix64((prefix & _MASK64) ^ _mix64((token * 0x9E3779B97F4A7C15 + position) & _MASK64))
+    return _signed64(word | 1)
+
+
+def extend_prefix_values(values: tuple[int, ...], tokens: Sequence[int],
+                         cache_salt: str | None = None) -> tuple[int, ...]:
+    """``values`` (the slot values of a prefix of ``tokens``) extended to all of ``tokens``.
+
+    Appending tokens never changes an earlier value, like the block hashes (KV-HASH-003).
+    """
+    out = list(values)
+    last = out[-1] if out else prefix_seed(cache_salt)
+    for position in range(len(out), len(tokens)):
+        last = slot_value(last, tokens[position], position)
+        out.append(last)
+    return tuple(out)
+
+
+@icontract.ensure(lambda result, expected, actual: (result is None) == (expected == actual),
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, written_at, relied_since, from_hit: result is None
+                  or (result == KV_DATA_003) == (written_at > relied_since or not from_hit),
+                  enabled=ENABLED)
+@defines(KV_DATA_001, KV_DATA_002, KV_DATA_003)
+def slot_violation(expected: int, actual: int, written_at: int, relied_since: int,
+                   from_hit: bool) -> str | None:
+    """The rule a slot a request relies on breaks, or ``None`` when it holds ``expected``.
+
+    ``written_at`` is the slot's write epoch, ``relied_since`` the epoch at which the
+    request began relying on it (adopting a hit, or writing it itself); ``from_hit``
+    says whether the request got the position from a hit rather than computing it.
+    """
+    if actual == expected:
+        return None
+    if written_at > relied_since or not from_hit:
+        # Changed under the request, or its own computed data is gone from its slot.
+        return KV_DATA_003
+    if actual == UNWRITTEN:
+        return KV_DATA_002
+    return KV_DATA_001
+
+
+@icontract.ensure(lambda result, expected, actual: result == (tuple(expected) == tuple(actual)),
+                  enabled=ENABLED)
+@defines(KV_DATA_004)
+def cached_block_intact(expected: tuple[int, ...], actual: tuple[int, ...]) -> bool:
+    """Whether a block cached under a key holds that key's prefix in every slot."""
+    return len(expected) == len(actual) and all(e == a for e, a in zip(expected, actual))
+
+
+@icontract.ensure(lambda result, null_slots: result == all(v == UNWRITTEN for v in null_slots),
+                  enabled=ENABLED)
+@defines(KV_DATA_005)
+def null_block_unwritten(null_slots: tuple[int, ...]) -> bool:
+    """Whether every slot of the null block is still unwritten."""
+    return not any(null_slots)
