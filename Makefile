@@ -35,7 +35,7 @@ VENV_VLLM ?= .venv-vllm
 test-vllm: $(STAMP)
 	VENV_VLLM=$(VENV_VLLM) bash scripts/install_vllm.sh
 	$(VENV_VLLM)/bin/python -m pip install --quiet "$$(grep '^pytest==' requirements-dev.txt)"
-	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py
+	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py tests/test_bench_vllm.py
 	$(VENV_VLLM)/bin/kvoracle check --engine vllm --max-examples 100 \
 		--json build/kvoracle-vllm-report.json
 
