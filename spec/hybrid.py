@@ -212,6 +212,11 @@ def scheduler_block_size(block_sizes: tuple[int, ...]) -> int:
     return result
 
 
+def _param_ok(kind: str, param: int) -> bool:
+    """A window or chunk size is positive where the kind has one."""
+    return param > 0 or kind not in (SLIDING_WINDOW, CHUNKED_LOCAL)
+
+
 def _is_full(kind: str) -> bool:
     return kind == FULL
 
@@ -225,6 +230,8 @@ def lookup_order(kinds: tuple[str, ...]) -> tuple[int, ...]:
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
 @icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
 @icontract.require(lambda kind: kind in LOOKUP_KINDS, enabled=ENABLED)
+@icontract.require(lambda kind, param: _param_ok(kind, param), enabled=ENABLED)
+@icontract.require(lambda block_size, alignment: alignment > 0 and alignment % block_size == 0, enabled=ENABLED)
 @icontract.ensure(lambda result, block_size: result % block_size == 0, enabled=ENABLED)
 @icontract.ensure(lambda result, kind, max_length, block_size, drop_eagle:
                   result <= max_length, enabled=ENABLED)
@@ -248,7 +255,8 @@ def eagle_margin(kind: str, block_size: int) -> int:
 
 
 @icontract.require(lambda length: length >= 0, enabled=ENABLED)
-@icontract.require(lambda block_size, alignment: block_size > 0 and alignment % block_size == 0,
+@icontract.require(lambda kind, param: kind in LOOKUP_KINDS and _param_ok(kind, param), enabled=ENABLED)
+@icontract.require(lambda block_size, alignment: block_size > 0 and alignment > 0 and alignment % block_size == 0,
                    enabled=ENABLED)
 @defines(KV_HYB_003, sliding_window.KV_SWA_002, chunked_local.KV_CHUNK_001, mamba.KV_MAMBA_001)
 def group_accepts(kind: str, cached: tuple[bool, ...], length: int, block_size: int, param: int,
@@ -283,8 +291,8 @@ def group_accepts(kind: str, cached: tuple[bool, ...], length: int, block_size: 
 def _check_groups(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
                   alignment: int) -> bool:
     return (len(groups) == len(cached) > 0 and alignment > 0
-            and all(kind in LOOKUP_KINDS and size > 0 and alignment % size == 0
-                    for kind, size, _, _ in groups))
+            and all(kind in LOOKUP_KINDS and size > 0 and alignment % size == 0 and _param_ok(kind, param)
+                    for kind, size, param, _ in groups))
 
 
 @icontract.require(lambda groups, cached, alignment: _check_groups(groups, cached, alignment), enabled=ENABLED)
@@ -388,7 +396,7 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
     return hit_length, tuple(group_length), longest - hit_length, lookups, tuple(last_lookup)
 
 
-@icontract.require(lambda kind: kind in LOOKUP_KINDS, enabled=ENABLED)
+@icontract.require(lambda kind, param: kind in LOOKUP_KINDS and _param_ok(kind, param), enabled=ENABLED)
 @icontract.require(lambda num_blocks, bound: num_blocks >= 0 and bound >= 0, enabled=ENABLED)
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
 @icontract.ensure(lambda result, num_blocks: 0 <= result <= num_blocks, enabled=ENABLED)
