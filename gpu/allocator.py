@@ -159,6 +159,8 @@ class TorchBlockPool:
         self._tail = end
 
     def _pop_front(self, n: int) -> torch.Tensor:
+        if n <= 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
         if self._holes == 0:  # the common case: the first n stamps are the first n blocks
             end = self._head + n
             taken = self._slots[self._head:end].to(torch.int64)

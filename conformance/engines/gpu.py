@@ -185,7 +185,8 @@ class PagedStoreWrapper:
 
     def __init__(self, inner: EngineAdapter, device: torch.device | str | None = None) -> None:
         self.inner = inner
-        self.name = f"{inner.name}+paged-store"
+        #: A subclass may name itself; a plain wrapper is named after what it wraps.
+        self.name: str = getattr(type(self), "name", f"{inner.name}+paged-store")
         self.device = torch.device(device) if device is not None else default_device()
         self.config: EngineConfig | None = None
         self.store: PagedKVStore | None = None
@@ -421,10 +422,11 @@ class PagedStoreWrapper:
 class GpuEngine(PagedStoreWrapper):
     """``kvoracle check --engine gpu``: the torch engine in its paged KV store, one device."""
 
+    name = "gpu"
+
     def __init__(self, device: torch.device | str | None = None) -> None:
         device = torch.device(device) if device is not None else default_device()
         super().__init__(TorchEngine(device), device)
-        self.name = "gpu"
 
 
 class PagedReferenceEngine(PagedStoreWrapper):
