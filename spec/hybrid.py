@@ -292,7 +292,9 @@ def _check_groups(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...],
                   alignment: int) -> bool:
     return (len(groups) == len(cached) > 0 and alignment > 0
             and all(kind in LOOKUP_KINDS and size > 0 and alignment % size == 0 and _param_ok(kind, param)
-                    for kind, size, param, _ in groups))
+                    # KV-CHUNK-003: chunked local has the alignment's block size and no EAGLE
+                    and (kind != CHUNKED_LOCAL or (size == alignment and not eagle))
+                    for kind, size, param, eagle in groups))
 
 
 @icontract.require(lambda groups, cached, alignment: _check_groups(groups, cached, alignment), enabled=ENABLED)
