@@ -40,7 +40,7 @@ from .steps import (
     ResetPrefixCache,
     Schedule,
 )
-from .verdicts import Verdicts
+from .verdicts import Verdicts, lockstep_verdicts
 
 #: Tokens come from a tiny alphabet so that independent requests collide.
 TOKENS = st.integers(min_value=0, max_value=3)
@@ -274,7 +274,7 @@ def make_machine(engine_factory: Callable[[], EngineAdapter], verdicts: Verdicts
                  max_examples: int = 100, step_count: int = 40) -> type[LockstepMachine]:
     """A machine class bound to one engine (``engine_factory()`` builds a fresh adapter)."""
     if verdicts is None:
-        verdicts = Verdicts(engine_factory().capabilities())
+        verdicts = lockstep_verdicts(engine_factory().capabilities())
     machine = type(f"Lockstep_{getattr(engine_factory, '__name__', 'engine')}",
                    (LockstepMachine,), {
                        "engine_factory": staticmethod(engine_factory),

@@ -10,14 +10,14 @@ from .adapter import EngineAdapter
 from .engines import load_engine
 from .lockstep import LockstepDriver
 from .steps import Step
-from .verdicts import Counterexample, Verdicts
+from .verdicts import Counterexample, Verdicts, lockstep_verdicts
 
 
 def replay(engine: str | Callable[[], EngineAdapter], steps: Sequence[Step],
            step_timeout: float | None = 10.0) -> Verdicts:
     """Apply ``steps`` in lockstep; raises :class:`~.verdicts.RuleViolation` on a failure."""
     factory = load_engine(engine) if isinstance(engine, str) else engine
-    verdicts = Verdicts(factory().capabilities())
+    verdicts = lockstep_verdicts(factory().capabilities())
     driver = LockstepDriver(factory, verdicts, step_timeout)
     try:
         for step in steps:

@@ -26,7 +26,7 @@ from .engines import engine_spec_of, load_engine
 from .lockstep import Quarantine
 from .machine import make_machine
 from .replay import write_replay
-from .verdicts import Counterexample, RuleViolation, Verdicts
+from .verdicts import Counterexample, RuleViolation, Verdicts, lockstep_verdicts
 
 
 @attrs.define
@@ -49,7 +49,7 @@ class Suite:
 
     load: Callable[[str], Callable[[], Any]] = load_engine
     make_verdicts: Callable[[Any, dict[str, str] | None], Verdicts] = \
-        lambda probe, expectations: Verdicts(probe.capabilities(), expectations)
+        lambda probe, expectations: lockstep_verdicts(probe.capabilities(), expectations)
     make_machine: Callable[..., type] = make_machine
     write_replay: Callable[[Path, str, Counterexample], Path] = write_replay
 

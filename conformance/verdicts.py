@@ -82,6 +82,23 @@ def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
     return None
 
 
+#: Chapters whose rules the lockstep suite judges. The attention-type and hybrid chapters
+#: are judged by the hybrid lookup suite (``kvoracle check --suite hybrid``) and the spec's
+#: own tests; the spec-family chapter by the project's tests.
+LOCKSTEP_CHAPTERS = ("config", "hashing", "block_pool", "full_attention", "lifecycle", "data_integrity")
+OUTSIDE_LOCKSTEP = ("judged by kvoracle check --suite hybrid and the spec tests, "
+                    "not by the single-group lockstep suite")
+
+
+def lockstep_verdicts(capabilities: Capabilities, expectations: dict[str, str] | None = None) -> Verdicts:
+    """Verdicts of the lockstep suite: rules of other chapters are not applicable."""
+    verdicts = Verdicts(capabilities, expectations)
+    for rule in all_rules():
+        if rule.chapter not in LOCKSTEP_CHAPTERS and verdicts.outcomes[rule.id].not_applicable is None:
+            verdicts.outcomes[rule.id].not_applicable = OUTSIDE_LOCKSTEP
+    return verdicts
+
+
 class KnownFailure(Exception):
     """A rule that already has a counterexample failed again.
 
