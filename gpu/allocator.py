@@ -33,6 +33,11 @@ issued, so a lookup never confuses two prefixes. The key -> blocks lookup is
 a sorted view of the cached blocks by (key id, caching order), searched with
 ``searchsorted``; it is rebuilt lazily on the first lookup after the cache
 changed (O(C log C) for C cached blocks).
+
+Gathers and scatters use ``index_select`` / ``index_fill_`` / ``index_copy_`` /
+``masked_select`` rather than ``t[ids]`` indexing: on a CPU, advanced indexing of a
+few thousand ids may be split across threads, and on a busy machine waiting for the
+threads costs milliseconds where the work takes microseconds.
 """
 
 from __future__ import annotations
@@ -93,6 +98,7 @@ class TorchBlockPool:
 
     # -- helpers -------------------------------------------------------------------------
     def _ids(self, block_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
+        """Block ids as a 1-D int64 tensor on the pool's device."""
         if isinstance(block_ids, torch.Tensor):
             return block_ids.to(device=self.device, dtype=torch.int64).reshape(-1)
         return torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
@@ -104,10 +110,10 @@ class TorchBlockPool:
         if last:
             scratch.scatter_reduce_(0, ids, order, "amax")
         else:
-            scratch[ids] = ids.numel()
+            scratch.index_fill_(0, ids, ids.numel())
             scratch.scatter_reduce_(0, ids, order, "amin")
-        mask = scratch[ids] == order
-        scratch[ids] = -1
+        mask = scratch.index_select(0, ids) == order
+        scratch.index_fill_(0, ids, -1)
         return mask
 
     # -- observation ---------------------------------------------------------------------
@@ -121,7 +127,7 @@ class TorchBlockPool:
     def free_queue(self) -> torch.Tensor:
         """The free queue as block ids, front first."""
         segment = self._slots[self._head:self._tail]
-        return segment[segment >= 0].to(torch.int64)
+        return torch.masked_select(segment, segment >= 0).to(torch.int64)
 
     def ref_counts(self) -> torch.Tensor:
         return self.ref_cnt.clone()
@@ -134,7 +140,8 @@ class TorchBlockPool:
         start = (self._cap - live.numel()) // 2
         self._head, self._tail, self._holes = start, start + live.numel(), 0
         self._slots[start:self._tail] = live.to(torch.int32)
-        self._pos[live] = torch.arange(start, self._tail, dtype=torch.int32, device=self.device)
+        self._pos.index_copy_(0, live, torch.arange(start, self._tail, dtype=torch.int32,
+                                                     device=self.device))
 
     def _push_front(self, ids: torch.Tensor) -> None:
         k = ids.numel()
@@ -144,7 +151,8 @@ class TorchBlockPool:
             self._recenter()
         start = self._head - k
         self._slots[start:self._head] = ids.to(torch.int32)
-        self._pos[ids] = torch.arange(start, self._head, dtype=torch.int32, device=self.device)
+        self._pos.index_copy_(0, ids, torch.arange(start, self._head, dtype=torch.int32,
+                                                   device=self.device))
         self._head = start
 
     def _push_back(self, ids: torch.Tensor) -> None:
@@ -155,7 +163,8 @@ class TorchBlockPool:
             self._recenter()
         end = self._tail + k
         self._slots[self._tail:end] = ids.to(torch.int32)
-        self._pos[ids] = torch.arange(self._tail, end, dtype=torch.int32, device=self.device)
+        self._pos.index_copy_(0, ids, torch.arange(self._tail, end, dtype=torch.int32,
+                                                   device=self.device))
         self._tail = end
 
     def _pop_front(self, n: int) -> torch.Tensor:
@@ -176,17 +185,17 @@ class TorchBlockPool:
                 width *= 2
             cut = int(present[n - 1]) + 1
             taken = segment[:cut]
-            taken = taken[taken >= 0].to(torch.int64)
+            taken = torch.masked_select(taken, taken >= 0).to(torch.int64)
             self._holes -= cut - n
             end = self._head + cut
-        self._pos[taken] = -1
+        self._pos.index_fill_(0, taken, -1)
         self._head = end
         return taken
 
     def _remove(self, ids: torch.Tensor) -> None:
         """Take free blocks (distinct) out of the queue wherever they are (a touch)."""
-        self._slots[self._pos[ids]] = -1
-        self._pos[ids] = -1
+        self._slots.index_fill_(0, self._pos.index_select(0, ids).to(torch.int64), -1)
+        self._pos.index_fill_(0, ids, -1)
         self._holes += ids.numel()
         if self._holes > self.num_blocks:  # mostly holes: compact before they cost reads
             self._recenter()
@@ -202,17 +211,17 @@ class TorchBlockPool:
         ids = self._pop_front(n)
         if self.enable_caching:
             self._drop_keys(ids)
-        self.ref_cnt[ids] = 1
+        self.ref_cnt.index_fill_(0, ids, 1)
         return ids
 
     def touch(self, block_ids: torch.Tensor | Sequence[int]) -> None:
         """KV-POOL-008: count one more reference; a free block leaves the queue (order kept)."""
         ids = self._ids(block_ids)
-        ids = ids[ids != 0]  # KV-POOL-002
+        ids = torch.masked_select(ids, ids != 0)  # KV-POOL-002
         if ids.numel() == 0:
             return
-        was_free = self.ref_cnt[ids] == 0
-        leaving = ids[was_free & self._occurrence_mask(ids, last=False)]
+        was_free = self.ref_cnt.index_select(0, ids) == 0
+        leaving = torch.masked_select(ids, was_free & self._occurrence_mask(ids, last=False))
         self.ref_cnt.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
         if leaving.numel():
             self._remove(leaving)
@@ -225,21 +234,22 @@ class TorchBlockPool:
         them with caching off) to the front, hashed ones to the back.
         """
         ids = self._ids(block_ids)
-        ids = ids[ids != 0]  # KV-POOL-002
+        ids = torch.masked_select(ids, ids != 0)  # KV-POOL-002
         if ids.numel() == 0:
             return
         minus_one = torch.full_like(ids, -1, dtype=torch.int32)
         self.ref_cnt.index_add_(0, ids, minus_one)
-        if bool((self.ref_cnt[ids] < 0).any()):
+        counts = self.ref_cnt.index_select(0, ids)
+        if bool((counts < 0).any()):
             self.ref_cnt.index_add_(0, ids, -minus_one)  # leave the pool as it was
             raise ValueError("KV-POOL-011: only referenced blocks can be freed")
-        released = ids[(self.ref_cnt[ids] == 0) & self._occurrence_mask(ids, last=True)]
+        released = torch.masked_select(ids, (counts == 0) & self._occurrence_mask(ids, last=True))
         if not self.enable_caching:
             self._push_front(released)
             return
-        hashed = self.block_key[released] != 0
-        self._push_front(released[~hashed])
-        self._push_back(released[hashed])
+        hashed = self.block_key.index_select(0, released) != 0
+        self._push_front(torch.masked_select(released, ~hashed))
+        self._push_back(torch.masked_select(released, hashed))
 
     # -- caching -------------------------------------------------------------------------
     def key_id(self, key: KeyRef) -> int:
@@ -269,20 +279,20 @@ class TorchBlockPool:
             return
         if not self.enable_caching:
             raise ValueError("KV-LIFE-012: nothing is cached with prefix caching off")
-        if bool(((ids == 0) | (self.block_key[ids] != 0) | (keys == 0)).any()) or \
+        if bool(((ids == 0) | (self.block_key.index_select(0, ids) != 0) | (keys == 0)).any()) or \
                 not bool(self._occurrence_mask(ids, last=False).all()):
             raise ValueError("KV-POOL-002/KV-POOL-015: only non-null uncached blocks, each "
                              "once, are cached")
-        self.block_key[ids] = keys
-        self.block_seq[ids] = torch.arange(self._seq, self._seq + ids.numel(),
-                                           device=self.device)
+        self.block_key.index_copy_(0, ids, keys)
+        self.block_seq.index_copy_(0, ids, torch.arange(self._seq, self._seq + ids.numel(),
+                                                        device=self.device))
         self._seq += ids.numel()
         self._index_dirty = True
 
     def _drop_keys(self, ids: torch.Tensor) -> None:
-        keyed = self.block_key[ids] != 0
+        keyed = self.block_key.index_select(0, ids) != 0
         if bool(keyed.any()):
-            self.block_key[ids[keyed]] = 0
+            self.block_key.index_fill_(0, torch.masked_select(ids, keyed), 0)
             self._index_dirty = True
 
     def evict(self, block_ids: torch.Tensor | Sequence[int]) -> None:
@@ -307,9 +317,10 @@ class TorchBlockPool:
         """Cached blocks sorted by (key id, caching order), and their key ids."""
         if self._index_dirty:
             cached = (self.block_key != 0).nonzero().squeeze(1)
-            by_seq = cached[torch.argsort(self.block_seq[cached])]
-            blocks = by_seq[torch.argsort(self.block_key[by_seq], stable=True)]
-            self._index_blocks, self._index_keys = blocks, self.block_key[blocks]
+            by_seq = cached.index_select(0, torch.argsort(self.block_seq.index_select(0, cached)))
+            blocks = by_seq.index_select(0, torch.argsort(self.block_key.index_select(0, by_seq),
+                                                          stable=True))
+            self._index_blocks, self._index_keys = blocks, self.block_key.index_select(0, blocks)
             self._index_dirty = False
         return self._index_keys, self._index_blocks
 
@@ -320,7 +331,8 @@ class TorchBlockPool:
         if index_keys.numel() == 0 or keys.numel() == 0:
             return torch.full_like(keys, -1)
         at = torch.searchsorted(index_keys, keys).clamp_(max=index_keys.numel() - 1)
-        return torch.where(index_keys[at] == keys, index_blocks[at], -1)
+        return torch.where(index_keys.index_select(0, at) == keys,
+                           index_blocks.index_select(0, at), -1)
 
     def cached_map(self) -> dict[KeyRef, tuple[int, ...]]:
         """Cache key -> blocks under it, in caching order (for observation)."""
