@@ -1,11 +1,15 @@
 # The two commands of the README. Each sets itself up on a fresh machine: a virtual
 # environment in .venv with the pinned development tools and kvoracle installed editable.
-# Nothing here installs torch (kvoracle.gpu's extra); see the README for that.
+# `make test` also puts a CPU build of torch into .venv (kvoracle.gpu's tests and the
+# `gpu` engine run on it); it never installs a CUDA build.
 
 VENV ?= .venv
 PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvoracle-installed
+TORCH_STAMP := $(VENV)/.kvoracle-torch-cpu
+TORCH_VERSION ?= 2.13.0
+TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
 .PHONY: check test test-vllm lint crosshair clean
 
@@ -16,13 +20,22 @@ $(STAMP): pyproject.toml requirements-dev.txt
 	$(BIN)/python -m pip install --quiet -e .
 	touch $(STAMP)
 
+# torch from the CPU index (few retries: where it is unreachable, pip's configured
+# find-links may hold the CPU wheel); anything but a CPU build is refused.
+$(TORCH_STAMP): $(STAMP)
+	$(BIN)/python -m pip install --quiet --timeout 15 --retries 1 \
+		--index-url $(TORCH_INDEX_URL) "torch==$(TORCH_VERSION)"
+	$(BIN)/python -c "import torch; assert torch.version.cuda is None, \
+		f'torch {torch.__version__} is a CUDA build'"
+	touch $(TORCH_STAMP)
+
 ## Run the conformance suite against the embedded reference engine and print the verdicts.
 check: $(STAMP)
 	$(BIN)/kvoracle check
 
 ## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
 ## conformance run with a JSON report, CrossHair over the spec, and the real vLLM engine.
-test: $(STAMP)
+test: $(STAMP) $(TORCH_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
