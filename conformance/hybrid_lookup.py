@@ -69,6 +69,8 @@ HYBRID_ENGINES: dict[str, str] = {
 SCOPE = ("KV-HYB-003", "KV-HYB-004", "KV-HYB-006", "KV-HYB-007", "KV-HYB-009", "KV-HYB-013",
          "KV-SWA-001", "KV-SWA-003", "KV-SWA-010", "KV-MAMBA-002", "KV-FULL-002")
 OUT_OF_SCOPE = "not judged by the hybrid lookup suite (see kvoracle check --suite lockstep)"
+#: Four in five blocks cached: holes that leave runs long enough to hit.
+MOSTLY_TRUE = st.integers(0, 4).map(bool)
 #: The null block's id in every engine's answer.
 NULL_BLOCK_ID = 0
 MAX_MODEL_LEN = 4096
@@ -182,12 +184,18 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
     # need one.
     kinds = [*spec.LOOKUP_KINDS, spec.SLIDING_WINDOW] if not eagle else [
         spec.FULL, spec.SLIDING_WINDOW, spec.SLIDING_WINDOW, spec.MAMBA]
-    count = draw(st.integers(1, 4), label="num_groups")
+    # EAGLE matters only when the loop takes several passes: two groups at least.
+    count = draw(st.integers(2 if eagle else 1, 4), label="num_groups")
     drafts = []
     for _ in range(count):
-        kind = draw(st.sampled_from(kinds))
+        kind = draw(st.sampled_from(kinds), label="kind")
         size = hash_size if kind == spec.MAMBA else hash_size * draw(st.sampled_from([1, 2, 3, 4]))
         drafts.append([kind, size, 0])
+    if count >= 3 and draw(st.booleans(), label="two_full_specs"):
+        # Two full-attention spec groups (different block sizes) before others that can
+        # shrink the hit: only then can a coordinator forget to trim the second (KV-HYB-006).
+        drafts[0][:2] = [spec.FULL, hash_size]
+        drafts[1][:2] = [spec.FULL, 2 * hash_size]
     # Chunked local attention must use the scheduler block size (KV-CHUNK-003).
     others = [size for kind, size, _ in drafts if kind != spec.CHUNKED_LOCAL]
     alignment = _lcm([hash_size, *others]) if others else hash_size * draw(st.sampled_from([1, 2]))
@@ -205,7 +213,10 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
         groups = (*groups, draw(st.sampled_from(groups)))
     # Prompts: a few prefixes, each extended by random suffixes, so prefixes collide.
     tokens = st.integers(0, 3)
-    prefixes = draw(st.lists(st.lists(tokens, min_size=0, max_size=4 * alignment), min_size=1, max_size=3))
+    # Hits are multiples of the alignment: most prefixes span at least one aligned block.
+    prefixes = draw(st.lists(st.integers(0, 4).flatmap(
+        lambda k: st.lists(tokens, min_size=k * alignment, max_size=k * alignment + alignment)),
+        min_size=1, max_size=3))
     prompts = []
     for _ in range(draw(st.integers(2, 5), label="num_prompts")):
         prefix = draw(st.sampled_from(prefixes))
@@ -214,7 +225,9 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
     most = max(len(p) for p in prompts) // hash_size
     # A pool that holds every seed, or a small one in which seeding evicts earlier seeds.
     large = max(2, 1 + most * len(groups) * len(prompts) * 4)
-    num_blocks = draw(st.sampled_from([large, large]) | st.integers(2, max(3, most + 1)), label="num_blocks")
+    small = st.integers(2, max(3, most + 1))
+    num_blocks = draw(st.sampled_from([large, large, 0]).flatmap(lambda n: st.just(n) if n else small),
+                      label="num_blocks")
     return HybridSetup(groups, hash_size, num_blocks, eagle, tuple(prompts))
 
 
@@ -385,6 +398,7 @@ class HybridLookupMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.driver = HybridDriver(type(self).engine_factory, self.verdicts)
+        self.seeded: list[int] = []
         if self.on_example is not None:
             self.on_example()
 
@@ -408,9 +422,36 @@ class HybridLookupMachine(RuleBasedStateMachine):
 
     @precondition(_alive)
     @rule(data=st.data())
-    def look_up(self, data: st.DataObject) -> None:
+    def seed_every_group(self, data: st.DataObject) -> None:
+        # A hit needs the prompt cached in every group: seed one prompt in all of them, with
+        # the same mask drawn over hash blocks (each group sees it at its own block size).
         setup = self.driver.setup
         prompt = data.draw(st.integers(0, len(setup.prompts) - 1), label="prompt")
+        tokens = len(setup.prompts[prompt])
+        hash_blocks = tokens // setup.hash_block_size
+        dense = st.integers(0, hash_blocks).map(lambda k: (True,) * k)
+        mask = data.draw(dense | dense | _masks(hash_blocks), label="hash mask")
+        self.seeded.append(prompt)
+        # Or each group its own random holes: the EAGLE peek and sliding-window runs then
+        # differ between groups, which is what makes the loop take several passes.
+        independent = data.draw(st.booleans(), label="independent masks")
+        for group, (_, size, _) in enumerate(setup.groups):
+            per = size // setup.hash_block_size
+            length = min(tokens // size, setup.num_blocks - 1)
+            if independent:
+                self.driver.apply(Seed(prompt, group, tuple(data.draw(
+                    st.lists(MOSTLY_TRUE, min_size=length, max_size=length), label="mask"))))
+                continue
+            self.driver.apply(Seed(prompt, group, tuple(
+                all(mask[j * per:(j + 1) * per]) and len(mask) >= (j + 1) * per for j in range(length))))
+
+    @precondition(_alive)
+    @rule(data=st.data())
+    def look_up(self, data: st.DataObject) -> None:
+        setup = self.driver.setup
+        # Mostly a prompt seeded in every group, or one sharing its prefix: those can hit.
+        prompt = data.draw(st.sampled_from(self.seeded) if self.seeded and data.draw(st.booleans())
+                           else st.integers(0, len(setup.prompts) - 1), label="prompt")
         bound = data.draw(st.none() | st.none() | st.integers(0, len(setup.prompts[prompt])), label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
