@@ -84,6 +84,7 @@ class TorchBlockPool:
         self._pos = torch.full((n,), -1, dtype=torch.int32, device=dev)
         # Scratch for finding first/last occurrences of ids in a batch without a sort.
         self._scratch = torch.full((n,), -1, dtype=torch.int32, device=dev)
+        self._arange = torch.arange(64, dtype=torch.int32, device=dev)
         self._head = self._tail = n
         self._holes = 0
         self._seq = 1
@@ -103,9 +104,16 @@ class TorchBlockPool:
             return block_ids.to(device=self.device, dtype=torch.int64).reshape(-1)
         return torch.tensor(list(block_ids), dtype=torch.int64, device=self.device)
 
+    def _order(self, k: int) -> torch.Tensor:
+        """``arange(k)`` as int32, from a cached tensor grown on demand."""
+        if self._arange.numel() < k:
+            self._arange = torch.arange(max(k, 2 * self._arange.numel()), dtype=torch.int32,
+                                        device=self.device)
+        return self._arange[:k]
+
     def _occurrence_mask(self, ids: torch.Tensor, last: bool) -> torch.Tensor:
         """True at the first (or last) occurrence of each id in ``ids``: O(len), no sort."""
-        order = torch.arange(ids.numel(), dtype=torch.int32, device=self.device)
+        order = self._order(ids.numel())
         scratch = self._scratch
         if last:
             scratch.scatter_reduce_(0, ids, order, "amax")
@@ -135,8 +143,7 @@ class TorchBlockPool:
     # -- the free queue ------------------------------------------------------------------
     def _recenter(self) -> None:
         """Compact the queue's holes away and centre it, leaving >= N stamps free at each end."""
-        live = self.free_queue()
-        self._slots.fill_(-1)
+        live = self.free_queue()  # entries outside [_head, _tail) are never read: no clearing
         start = (self._cap - live.numel()) // 2
         self._head, self._tail, self._holes = start, start + live.numel(), 0
         self._slots[start:self._tail] = live.to(torch.int32)
@@ -217,12 +224,12 @@ class TorchBlockPool:
     def touch(self, block_ids: torch.Tensor | Sequence[int]) -> None:
         """KV-POOL-008: count one more reference; a free block leaves the queue (order kept)."""
         ids = self._ids(block_ids)
-        ids = torch.masked_select(ids, ids != 0)  # KV-POOL-002
         if ids.numel() == 0:
             return
-        was_free = self.ref_cnt.index_select(0, ids) == 0
-        leaving = torch.masked_select(ids, was_free & self._occurrence_mask(ids, last=False))
-        self.ref_cnt.index_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+        real = ids != 0  # KV-POOL-002: the null block is counted +0 and never leaves a queue
+        leaving = torch.masked_select(ids, (self.ref_cnt.index_select(0, ids) == 0) & real
+                                      & self._occurrence_mask(ids, last=True))
+        self.ref_cnt.index_add_(0, ids, real.to(torch.int32))
         if leaving.numel():
             self._remove(leaving)
 
@@ -234,16 +241,17 @@ class TorchBlockPool:
         them with caching off) to the front, hashed ones to the back.
         """
         ids = self._ids(block_ids)
-        ids = torch.masked_select(ids, ids != 0)  # KV-POOL-002
         if ids.numel() == 0:
             return
-        minus_one = torch.full_like(ids, -1, dtype=torch.int32)
-        self.ref_cnt.index_add_(0, ids, minus_one)
+        real = ids != 0  # KV-POOL-002: the null block is counted -0 and never released
+        minus = -real.to(torch.int32)
+        self.ref_cnt.index_add_(0, ids, minus)
         counts = self.ref_cnt.index_select(0, ids)
         if bool((counts < 0).any()):
-            self.ref_cnt.index_add_(0, ids, -minus_one)  # leave the pool as it was
+            self.ref_cnt.index_add_(0, ids, -minus)  # leave the pool as it was
             raise ValueError("KV-POOL-011: only referenced blocks can be freed")
-        released = torch.masked_select(ids, (counts == 0) & self._occurrence_mask(ids, last=True))
+        released = torch.masked_select(ids, (counts == 0) & real
+                                       & self._occurrence_mask(ids, last=True))
         if not self.enable_caching:
             self._push_front(released)
             return
@@ -346,5 +354,5 @@ class TorchBlockPool:
     def state_bytes(self) -> int:
         """Bytes of per-block tensor state (the key-id dictionaries are not counted)."""
         tensors = (self.ref_cnt, self.block_key, self.block_seq, self._slots, self._pos,
-                   self._scratch)
+                   self._scratch)  # (the arange cache is sized by the batch, not the pool)
         return sum(t.numel() * t.element_size() for t in tensors)
