@@ -121,6 +121,11 @@ TESTED = {
     "hybrid.declarative_hit",
     "hybrid.fixed_point",
     "hybrid.num_null_hit_blocks",
+    # Data integrity: slot_value and slot_violation also in tests/test_gpu.py.
+    "data_integrity.slot_value",
+    "data_integrity.slot_violation",
+    "data_integrity.cached_block_intact",
+    "data_integrity.null_block_unwritten",
 }
 
 
@@ -688,3 +693,36 @@ def test_allocation_is_empty(new, new_computed, external) -> None:
     empty = lifecycle.allocation_is_empty(new, new_computed, external)
     assert empty == (new + new_computed + external == 0)
     assert lifecycle.allocation_is_empty(new, new_computed) == (new + new_computed == 0)
+
+
+# --------------------------------------------------------------------------- data integrity
+
+
+@given(prefix=st.integers(-(1 << 63), (1 << 63) - 1), token=st.integers(0, 1 << 20),
+       position=st.integers(0, 1 << 20))
+def test_slot_value_is_never_the_unwritten_marker(prefix: int, token: int, position: int) -> None:
+    from kvoracle.spec import data_integrity
+    assert data_integrity.slot_value(prefix, token, position) != data_integrity.UNWRITTEN
+
+
+@given(expected=st.integers(-5, 5), actual=st.integers(-5, 5), written_at=st.integers(0, 4),
+       relied_since=st.integers(0, 4), from_hit=st.booleans())
+def test_slot_violation_names_a_data_rule_exactly_when_the_slot_is_wrong(
+        expected: int, actual: int, written_at: int, relied_since: int, from_hit: bool) -> None:
+    from kvoracle.spec import data_integrity
+    result = data_integrity.slot_violation(expected, actual, written_at, relied_since, from_hit)
+    assert (result is None) == (expected == actual)
+    assert result in (None, "KV-DATA-001", "KV-DATA-002", "KV-DATA-003")
+
+
+@given(values=st.lists(st.integers(-3, 3), max_size=6), index=st.integers(0, 5))
+def test_block_and_null_block_checks(values: list[int], index: int) -> None:
+    from kvoracle.spec import data_integrity
+    expected = tuple(values)
+    assert data_integrity.cached_block_intact(expected, expected)
+    if expected:
+        changed = list(expected)
+        changed[index % len(changed)] += 1
+        assert not data_integrity.cached_block_intact(expected, tuple(changed))
+    assert data_integrity.null_block_unwritten((data_integrity.UNWRITTEN,) * len(values)) is True
+    assert data_integrity.null_block_unwritten(expected) == all(v == data_integrity.UNWRITTEN for v in values)
