@@ -191,18 +191,27 @@ class HybridCoordinator:
         flat = tuple(group.flat(self.config.use_eagle) for group in self.spec_groups)
         cached = tuple(self._cached_flags(block_hashes, group) for group in self.spec_groups)
         num_hashed = len(block_hashes) * self.config.hash_block_size
-        hit, lengths, uncached, _, last_lookup = spec.fixed_point(
+        hit, lengths, uncached, _, last_lookup = self.fixed_point(
             flat, cached, max_cache_hit_length, num_hashed, self.config.scheduler_block_size)
         blocks: list[list[KVCacheBlock]] = [[] for _ in self.config.kv_cache_specs]
-        for group, (kind, size, param, _), length, (bound, drop) in zip(
-                self.spec_groups, flat, lengths, last_lookup):
-            num_blocks = cdiv(hit, size) if kind == spec.FULL else length // size
+        for index, (group, (kind, size, param, _), (bound, drop)) in enumerate(
+                zip(self.spec_groups, flat, last_lookup)):
+            num_blocks = self.num_hit_blocks(index, hit, lengths)
             nulls = spec.num_null_hit_blocks(kind, num_blocks, bound, drop, size, param)
             for group_id in group.group_ids:
                 blocks[group_id] = [self.pool.null_block] * nulls + [
                     self.pool._cached_block((self.view_hash(block_hashes, size, j), group_id))
                     for j in range(nulls, num_blocks)]
         return tuple(blocks), hit, uncached
+
+    #: The loop that decides the hit: the spec's, step for step (KV-HYB-003 .. KV-HYB-009).
+    fixed_point = staticmethod(spec.fixed_point)
+
+    def num_hit_blocks(self, index: int, hit: int, lengths: tuple[int, ...]) -> int:
+        """Entries of spec group ``index``'s hit: a full-attention group is trimmed to the
+        final hit (KV-HYB-006), any other keeps what its last lookup answered."""
+        kind, size = self.spec_groups[index].kind, self.spec_groups[index].kv_cache_spec.block_size
+        return cdiv(hit, size) if kind == spec.FULL else lengths[index] // size
 
     # -- filling the cache -------------------------------------------------------------
     def seed_cache(self, block_hashes: Sequence[bytes], group_id: int, mask: Sequence[bool]) -> list[int]:

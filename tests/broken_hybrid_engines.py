@@ -1,22 +1,21 @@
 """Deliberately broken hybrid lookups: each re-creates one known bug of a hybrid coordinator.
 
-The meta-tests (tests/test_hybrid_meta.py) run ``kvoracle check --suite hybrid``
-against each and require the named rule to fail. Each is the reference adapter
-whose coordinator computes the hit with a patched copy of the spec's fixed-point
-loop (:func:`kvoracle.spec.hybrid.fixed_point`) -- the spec and reference modules
-themselves are left alone, since the suite runs the correct reference in the same
-process.
+The meta-tests (tests/test_hybrid_meta.py) replay each on a cache state where its bug
+shows and require the named rule to fail. Each is the reference adapter whose
+coordinator swaps in one broken piece -- its ``fixed_point`` loop (a patched copy of
+:func:`kvoracle.spec.hybrid.fixed_point`) or its ``num_hit_blocks`` trim -- and drops
+the reference's own postconditions, so that the suite's checks, not the reference's
+contracts, must catch it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import inspect
+from functools import partial
 
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
-from kvoracle.reference.block import KVCacheBlock
 from kvoracle.reference.hybrid import HybridCoordinator
 from kvoracle.spec import hybrid as spec
-from kvoracle.spec.lifecycle import cdiv
 
 
 def patched_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, alignment, *,
@@ -61,43 +60,19 @@ def patched_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens,
     return hit_length, tuple(group_length), 0, 0, tuple(last_lookup)
 
 
-class _PatchedCoordinator(HybridCoordinator):
-    """The reference coordinator with the loop and the final trim replaceable."""
+class _Unchecked(HybridCoordinator):
+    """The reference coordinator without its own postconditions on the lookup.
 
-    def loop(self, flat, cached, bound, num_hashed, alignment):
-        return spec.fixed_point(flat, cached, bound, num_hashed, alignment)
+    A broken variant must be convicted by the suite's checks, as a foreign engine would be,
+    not stopped by the reference's contracts from inside the engine.
+    """
 
-    def full_entries(self, index_among_full: int, hit: int, length: int, size: int) -> int:
-        return cdiv(hit, size)  # KV-HYB-006: every full group is trimmed to the hit
-
-    def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
-                               ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
-        flat = tuple(group.flat(self.config.use_eagle) for group in self.spec_groups)
-        cached = tuple(self._cached_flags(block_hashes, group) for group in self.spec_groups)
-        num_hashed = len(block_hashes) * self.config.hash_block_size
-        hit, lengths, uncached, _, last_lookup = self.loop(
-            flat, cached, max_cache_hit_length, num_hashed, self.config.scheduler_block_size)
-        blocks: list[list[KVCacheBlock]] = [[] for _ in self.config.kv_cache_specs]
-        full_seen = 0
-        for group, (kind, size, param, _), length, (bound, drop) in zip(
-                self.spec_groups, flat, lengths, last_lookup):
-            if kind == spec.FULL:
-                num_blocks = self.full_entries(full_seen, hit, length, size)
-                full_seen += 1
-            else:
-                num_blocks = length // size
-            nulls = spec.num_null_hit_blocks(kind, num_blocks, bound, drop, size, param)
-            for group_id in group.group_ids:
-                blocks[group_id] = [self.pool.null_block] * nulls + [
-                    self.pool._cached_block((self.view_hash(block_hashes, size, j), group_id))
-                    for j in range(nulls, num_blocks)]
-        return tuple(blocks), hit, uncached
+    find_longest_cache_hit = inspect.unwrap(HybridCoordinator.find_longest_cache_hit)
 
 
 # -- (i) the EAGLE drop on every pass (vLLM #32802) ------------------------------------------------
-class _DropEveryPass(_PatchedCoordinator):
-    def loop(self, flat, cached, bound, num_hashed, alignment):
-        return patched_fixed_point(flat, cached, bound, num_hashed, alignment, drop_every_pass=True)
+class _DropEveryPass(_Unchecked):
+    fixed_point = staticmethod(partial(patched_fixed_point, drop_every_pass=True))
 
 
 class EagleDropEveryPass(ReferenceHybridLookup):
@@ -106,9 +81,12 @@ class EagleDropEveryPass(ReferenceHybridLookup):
 
 
 # -- (ii) only the first full-attention spec group is trimmed to the final hit ---------------------
-class _TrimFirstFullOnly(_PatchedCoordinator):
-    def full_entries(self, index_among_full: int, hit: int, length: int, size: int) -> int:
-        return cdiv(hit, size) if index_among_full == 0 else length // size
+class _TrimFirstFullOnly(_Unchecked):
+    def num_hit_blocks(self, index: int, hit: int, lengths: tuple[int, ...]) -> int:
+        first_full = next(i for i, group in enumerate(self.spec_groups) if group.kind == spec.FULL)
+        if self.spec_groups[index].kind == spec.FULL and index != first_full:
+            return lengths[index] // self.spec_groups[index].kv_cache_spec.block_size
+        return super().num_hit_blocks(index, hit, lengths)
 
 
 class TrimFirstFullOnly(ReferenceHybridLookup):
@@ -117,9 +95,8 @@ class TrimFirstFullOnly(ReferenceHybridLookup):
 
 
 # -- (iii) a Mamba group gets the EAGLE margin (#43559) ---------------------------------------------
-class _MambaMargin(_PatchedCoordinator):
-    def loop(self, flat, cached, bound, num_hashed, alignment):
-        return patched_fixed_point(flat, cached, bound, num_hashed, alignment, mamba_margin=True)
+class _MambaMargin(_Unchecked):
+    fixed_point = staticmethod(partial(patched_fixed_point, mamba_margin=True))
 
 
 class MambaEagleMargin(ReferenceHybridLookup):
@@ -128,11 +105,14 @@ class MambaEagleMargin(ReferenceHybridLookup):
 
 
 # -- (iv) a sliding-window scan needing cdiv(window, block_size) blocks -----------------------------
-class _WideWindow(_PatchedCoordinator):
-    def loop(self, flat, cached, bound, num_hashed, alignment):
-        # cdiv((window + 1) - 1, b) == cdiv(window, b): the off-by-one of KV-SWA-001.
-        wide = tuple((k, s, p + 1 if k == spec.SLIDING_WINDOW else p, e) for k, s, p, e in flat)
-        return spec.fixed_point(wide, cached, bound, num_hashed, alignment)
+def _wide_window_fixed_point(flat, cached, bound, num_hashed, alignment):
+    # cdiv((window + 1) - 1, b) == cdiv(window, b): the off-by-one of KV-SWA-001.
+    wide = tuple((k, s, p + 1 if k == spec.SLIDING_WINDOW else p, e) for k, s, p, e in flat)
+    return spec.fixed_point(wide, cached, bound, num_hashed, alignment)
+
+
+class _WideWindow(_Unchecked):
+    fixed_point = staticmethod(_wide_window_fixed_point)
 
 
 class SwaWindowNotMinusOne(ReferenceHybridLookup):
