@@ -32,7 +32,6 @@ Run it with ``kvoracle check --suite hybrid [--engine reference|vllm|module:Clas
 from __future__ import annotations
 
 import math
-import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Protocol, runtime_checkable
@@ -526,14 +525,9 @@ def test_{test_name}():
 
 def write_hybrid_replay(directory: Path, engine_spec: str, example: Counterexample) -> Path:
     """Write ``example`` as ``test_hybrid_<rule>_<engine>.py`` under ``directory``."""
-    directory.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"\W+", "_", f"hybrid_{example.rule_id}_{engine_spec}").strip("_").lower()
-    path = directory / f"test_{slug}.py"
-    message = "\n".join(line.rstrip() for line in example.message.splitlines())
-    path.write_text(_TEMPLATE.format(
-        rule_id=example.rule_id, engine=engine_spec, message=message.replace('"""', "'''"),
-        filename=path.name, steps="\n".join(f"    {step!r}," for step in example.steps), test_name=slug))
-    return path
+    from .replay import write_replay  # lazily, like hybrid_suite: replay imports the lockstep driver
+
+    return write_replay(directory, engine_spec, example, template=_TEMPLATE, prefix="hybrid_")
 
 
 def hybrid_suite():

@@ -53,13 +53,18 @@ def test_{test_name}():
 '''
 
 
-def write_replay(directory: Path, engine_spec: str, example: Counterexample) -> Path:
-    """Write ``example`` as ``test_<rule>_<engine>.py`` under ``directory``."""
+def write_replay(directory: Path, engine_spec: str, example: Counterexample,
+                 template: str = _TEMPLATE, prefix: str = "") -> Path:
+    """Write ``example`` as ``test_<prefix><rule>_<engine>.py`` under ``directory``.
+
+    ``template`` is the file's text with ``{rule_id}``, ``{engine}``, ``{message}``,
+    ``{filename}``, ``{steps}`` and ``{test_name}`` to fill (each suite has its own).
+    """
     directory.mkdir(parents=True, exist_ok=True)
-    slug = re.sub(r"\W+", "_", f"{example.rule_id}_{engine_spec}").strip("_").lower()
+    slug = re.sub(r"\W+", "_", f"{prefix}{example.rule_id}_{engine_spec}").strip("_").lower()
     path = directory / f"test_{slug}.py"
     message = "\n".join(line.rstrip() for line in example.message.splitlines())
-    path.write_text(_TEMPLATE.format(
+    path.write_text(template.format(
         rule_id=example.rule_id, engine=engine_spec, message=message.replace('"""', "'''"),
         filename=path.name, steps="\n".join(f"    {step!r}," for step in example.steps),
         test_name=slug))

@@ -58,3 +58,19 @@ def test_reference_passes_the_generated_hybrid_suite() -> None:
     result = run_suite("reference", RunOptions(max_examples=40, replay_dir=None), suite=hybrid_suite())
     assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
                        if o.outcome not in ("pass", "not-applicable")]
+
+
+def test_hybrid_replay_file_is_a_runnable_pytest_module(tmp_path) -> None:
+    """A hybrid counterexample is written with the suite's own template and replays."""
+    from kvoracle.conformance.hybrid_lookup import write_hybrid_replay
+    from kvoracle.conformance.verdicts import Counterexample
+
+    steps = STATES["MambaEagleMargin"]
+    example = Counterexample("KV-MAMBA-002", "mamba answered past the candidate", steps)
+    path = write_hybrid_replay(tmp_path, "broken_hybrid_engines:MambaEagleMargin", example)
+    assert path.name == "test_hybrid_kv_mamba_002_broken_hybrid_engines_mambaeaglemargin.py"
+    namespace: dict = {}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
+    assert namespace["STEPS"] == steps
+    with pytest.raises(RuleViolation, match="KV-MAMBA-002"):
+        namespace[f"test_{path.stem[5:]}"]()
