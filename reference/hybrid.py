@@ -188,21 +188,58 @@ class HybridCoordinator:
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
                                ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
         """``(hit blocks per group, hit length, uncached common prefix tokens)``."""
-        flat = tuple(group.flat(self.config.use_eagle) for group in self.spec_groups)
-        cached = tuple(self._cached_flags(block_hashes, group) for group in self.spec_groups)
-        num_hashed = len(block_hashes) * self.config.hash_block_size
+        flat, cached, num_hashed = self._lookup_inputs(block_hashes)
         hit, lengths, uncached, _, last_lookup = self.fixed_point(
             flat, cached, max_cache_hit_length, num_hashed, self.config.scheduler_block_size)
+        entries = [(self.num_hit_blocks(index, hit, lengths), bound, drop)
+                   for index, (bound, drop) in enumerate(last_lookup)]
+        return self._hit_blocks(block_hashes, flat, entries), hit, uncached
+
+    @icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
+    @icontract.ensure(lambda self, result: all(
+        len(blocks) * self.config.kv_cache_specs[g].block_size == result[1][g]
+        for g, blocks in enumerate(result[0])),
+        "KV-HYB-011: each group's hit entries cover its own hit length", enabled=ENABLED)
+    @icontract.ensure(lambda self, block_hashes, result: _hit_blocks_are_cached(self, block_hashes, result),
+                      "KV-FULL-002/KV-HYB-013: non-null hit entries are the cached blocks", enabled=ENABLED)
+    def find_longest_cache_hit_per_group(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
+                                         ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
+        """Each spec group looked up alone (KV-HYB-011): ``(hit blocks, hit length)`` per group."""
+        flat, cached, num_hashed = self._lookup_inputs(block_hashes)
+        alignment = self.config.scheduler_block_size
+        hits = spec.per_group_hits(flat, cached, max_cache_hit_length, num_hashed, alignment)
+        entries = []
+        for (kind, size, _, eagle), hit in zip(flat, hits):
+            bound = max_cache_hit_length
+            if eagle and spec.eagle_margin(kind, size):
+                bound = min(max_cache_hit_length + spec.eagle_margin(kind, size), num_hashed)
+            entries.append((hit // size, bound, eagle))
+        lengths = [0] * len(self.config.kv_cache_specs)
+        for group, hit in zip(self.spec_groups, hits):
+            for group_id in group.group_ids:
+                lengths[group_id] = hit
+        return self._hit_blocks(block_hashes, flat, entries), tuple(lengths)
+
+    def _lookup_inputs(self, block_hashes: Sequence[bytes]
+                       ) -> tuple[tuple[spec.SpecGroup, ...], tuple[tuple[bool, ...], ...], int]:
+        """The spec groups, their cached flags and the hashed tokens: the spec's inputs."""
+        flat = tuple(group.flat(self.config.use_eagle) for group in self.spec_groups)
+        cached = tuple(self._cached_flags(block_hashes, group) for group in self.spec_groups)
+        return flat, cached, len(block_hashes) * self.config.hash_block_size
+
+    def _hit_blocks(self, block_hashes: Sequence[bytes], flat: tuple[spec.SpecGroup, ...],
+                    entries: Sequence[tuple[int, int, bool]]) -> tuple[list[KVCacheBlock], ...]:
+        """Per group, ``num_blocks`` entries: nulls where the kind puts them (KV-HYB-013),
+        then the cached blocks. ``entries[i]`` is (num_blocks, last bound, drop) of spec
+        group ``i``."""
         blocks: list[list[KVCacheBlock]] = [[] for _ in self.config.kv_cache_specs]
-        for index, (group, (kind, size, param, _), (bound, drop)) in enumerate(
-                zip(self.spec_groups, flat, last_lookup)):
-            num_blocks = self.num_hit_blocks(index, hit, lengths)
+        for group, (kind, size, param, _), (num_blocks, bound, drop) in zip(self.spec_groups, flat, entries):
             nulls = spec.num_null_hit_blocks(kind, num_blocks, bound, drop, size, param)
             for group_id in group.group_ids:
                 blocks[group_id] = [self.pool.null_block] * nulls + [
                     self.pool._cached_block((self.view_hash(block_hashes, size, j), group_id))
                     for j in range(nulls, num_blocks)]
-        return tuple(blocks), hit, uncached
+        return tuple(blocks)
 
     #: The loop that decides the hit: the spec's, step for step (KV-HYB-003 .. KV-HYB-009).
     fixed_point = staticmethod(spec.fixed_point)

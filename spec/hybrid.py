@@ -419,3 +419,43 @@ def num_null_hit_blocks(kind: str, num_blocks: int, bound: int, drop_eagle: bool
     if kind == CHUNKED_LOCAL:
         return min(chunked_local.num_null_blocks(bound, block_size, param), num_blocks)
     return num_blocks - 1
+
+
+@icontract.require(lambda num_computed_tokens: num_computed_tokens >= 0, enabled=ENABLED)
+@icontract.require(lambda block_size, alignment: block_size > 0 and alignment > 0 and alignment % block_size == 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, num_computed_tokens: 0 <= result <= num_computed_tokens, enabled=ENABLED)
+@icontract.ensure(lambda result, num_computed_tokens, alignment:
+                  result >= num_computed_tokens - num_computed_tokens % alignment, enabled=ENABLED)
+@icontract.ensure(lambda result, num_computed_tokens, alignment, eagle, block_size:
+                  result - (num_computed_tokens - num_computed_tokens % alignment)
+                  <= (block_size if eagle else 0), enabled=ENABLED)
+@defines(KV_HYB_010)
+def num_cacheable_tokens(num_computed_tokens: int, alignment: int, eagle: bool, block_size: int) -> int:
+    """Tokens a hybrid group caches after ``num_computed_tokens``: the aligned prefix, plus
+    an EAGLE group's peek block when that prefix is not empty."""
+    aligned = num_computed_tokens - num_computed_tokens % alignment
+    if eagle and aligned > 0:
+        return min(num_computed_tokens, aligned + block_size)
+    return aligned
+
+
+@icontract.require(lambda groups, cached, alignment: _check_groups(groups, cached, alignment), enabled=ENABLED)
+@icontract.require(lambda max_cache_hit_length, num_hashed_tokens:
+                   max_cache_hit_length >= 0 and num_hashed_tokens >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, groups: len(result) == len(groups), enabled=ENABLED)
+@icontract.ensure(lambda result, max_cache_hit_length, alignment:
+                  all(0 <= length <= max_cache_hit_length and length % alignment == 0 for length in result),
+                  enabled=ENABLED)
+@defines(KV_HYB_011, KV_HYB_007)
+def per_group_hits(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
+                   max_cache_hit_length: int, num_hashed_tokens: int, alignment: int) -> tuple[int, ...]:
+    """Each spec group's own hit, looked up alone at ``max_cache_hit_length`` (with its
+    EAGLE margin and drop), as find_longest_cache_hit_per_group reports it."""
+    out = []
+    for (kind, size, param, eagle), flags in zip(groups, cached):
+        bound = max_cache_hit_length
+        if eagle and eagle_margin(kind, size):
+            bound = min(max_cache_hit_length + eagle_margin(kind, size), num_hashed_tokens)
+        out.append(group_hit_length(kind, flags, bound, size, param, eagle, alignment))
+    return tuple(out)

@@ -312,3 +312,23 @@ def block_is_reachable(block_index: int, need: int, block_size: int, alignment: 
         return True
     shift = 1 if eagle else 0
     return block_index >= shift and (block_index - shift) % per_segment >= per_segment - need
+
+
+@icontract.require(lambda num_tokens, num_held_blocks, num_hit_blocks, num_skipped_tokens:
+                   min(num_tokens, num_held_blocks, num_hit_blocks, num_skipped_tokens) >= 0, enabled=ENABLED)
+@icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result: result >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size, num_held_blocks, num_hit_blocks, num_skipped_tokens:
+                  result + max(num_skipped_tokens // block_size, num_held_blocks + num_hit_blocks)
+                  >= cdiv(num_tokens, block_size), enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size, num_held_blocks, num_hit_blocks, num_skipped_tokens:
+                  num_skipped_tokens > 0 or result == max(
+                      cdiv(num_tokens, block_size) - num_held_blocks - num_hit_blocks, 0), enabled=ENABLED)
+@defines(KV_SWA_009)
+def num_new_blocks(num_tokens: int, block_size: int, num_held_blocks: int, num_hit_blocks: int,
+                   num_skipped_tokens: int) -> int:
+    """New blocks a request needs for ``num_tokens`` slots when its first
+    ``num_skipped_tokens`` tokens lie outside the window: skipped positions get the null
+    block, so they need no new block even where no hit covers them."""
+    return max(cdiv(num_tokens, block_size) - max(num_skipped_tokens // block_size,
+                                                  num_held_blocks + num_hit_blocks), 0)

@@ -214,3 +214,59 @@ def test_scheduler_block_size_is_the_lcm() -> None:
     assert hybrid.scheduler_block_size((4, 6)) == 12
     assert hybrid.scheduler_block_size((16, 16, 32)) == 32
     assert hybrid.lookup_order(("mamba", "full", "sliding_window", "full")) == (1, 3, 0, 2)
+
+
+@given(computed=st.integers(0, 200), block_size=st.sampled_from([1, 2, 4]), scale=st.sampled_from([1, 2, 4]),
+       eagle=st.booleans())
+def test_hybrid_caches_the_aligned_prefix_plus_the_peek_block(computed: int, block_size: int, scale: int,
+                                                              eagle: bool) -> None:
+    """KV-HYB-010: with 37 computed tokens, alignment 16, block 8: 32, or 37 with EAGLE."""
+    alignment = block_size * scale
+    cacheable = hybrid.num_cacheable_tokens(computed, alignment, eagle, block_size)
+    aligned = computed // alignment * alignment
+    assert cacheable == (min(computed, aligned + block_size) if eagle and aligned else aligned)
+    assert hybrid.num_cacheable_tokens(37, 16, True, 8) == 37
+    assert hybrid.num_cacheable_tokens(37, 16, False, 8) == 32
+
+
+@settings(max_examples=300)
+@given(case=hybrid_lookups(min_window=2))
+def test_per_group_hits_are_each_group_alone(case) -> None:
+    """KV-HYB-011: a spec group's per-group hit is its own answer at the unshrunk bound, so
+    with one spec group it equals the fixed point's hit. (Windows > 1: a window-1 EAGLE group
+    re-checked without its peek block can shrink again, KV-SWA-003.)"""
+    groups, cached, bound, hashed, alignment = case
+    hits = hybrid.per_group_hits(groups, cached, bound, hashed, alignment)
+    if len(groups) == 1:
+        assert hits[0] == hybrid.fixed_point(groups, cached, bound, hashed, alignment)[0]
+    assert all(hit % alignment == 0 and hit <= bound for hit in hits)
+
+
+@given(tokens=st.integers(0, 64), held=st.integers(0, 8), hits=st.integers(0, 8), skipped=st.integers(0, 64))
+def test_skipped_blocks_need_no_new_block(tokens: int, held: int, hits: int, skipped: int) -> None:
+    """KV-SWA-009: block 4, window 8, 20 computed tokens -> 13 skipped, 3 null blocks."""
+    assert sliding_window.num_new_blocks(24, 4, 0, 5, sliding_window.num_skipped_tokens(20, 8)) == 1
+    assert sliding_window.num_new_blocks(24, 4, 0, 0, sliding_window.num_skipped_tokens(20, 8)) == 3
+    needed = sliding_window.num_new_blocks(tokens, 4, held, hits, skipped)
+    assert needed == max(-(-tokens // 4) - max(skipped // 4, held + hits), 0)
+
+
+def test_reference_per_group_lookup_reports_each_groups_own_hit() -> None:
+    """KV-HYB-011 on the reference: full attention stops at its first miss, the window and
+    Mamba groups reach past it; each group's entries cover its own length."""
+    from kvoracle.reference.hybrid import HybridConfig, HybridCoordinator
+    from kvoracle.reference.kv_cache_spec import FullAttentionSpec, MambaSpec, SlidingWindowSpec
+    from kvoracle.spec.hashing import NONE_HASH, hash_blocks
+
+    specs = (FullAttentionSpec(4), SlidingWindowSpec(4, sliding_window=8), MambaSpec(4))
+    coordinator = HybridCoordinator(HybridConfig(specs, 100, 100, 4, use_eagle=True))
+    hashes = hash_blocks(NONE_HASH, list(range(33)), 0, 8, 4)
+    for group_id in range(3):
+        coordinator.seed_cache(hashes, group_id, [True, True, False, True, True, True, True, True])
+    blocks, lengths = coordinator.find_longest_cache_hit_per_group(hashes, 32)
+    # Full: blocks 0-1 then a miss, minus EAGLE's block. Window (need 2 + peek): blocks 5-7
+    # with 7 dropped. Mamba: the last state, block 7, no drop (KV-MAMBA-002).
+    assert lengths == (4, 28, 32)
+    assert [sum(not b.is_null for b in group) for group in blocks] == [1, 2, 1]
+    _, hit, _ = coordinator.find_longest_cache_hit(hashes, 32)
+    assert hit == 4

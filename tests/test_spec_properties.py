@@ -121,6 +121,9 @@ TESTED = {
     "hybrid.declarative_hit",
     "hybrid.fixed_point",
     "hybrid.num_null_hit_blocks",
+    "hybrid.num_cacheable_tokens",
+    "hybrid.per_group_hits",
+    "sliding_window.num_new_blocks",
     # Data integrity: slot_value and slot_violation also in tests/test_gpu.py.
     "data_integrity.slot_value",
     "data_integrity.slot_violation",
