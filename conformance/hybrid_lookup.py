@@ -49,7 +49,6 @@ from kvoracle.reference.kv_cache_spec import (
     MambaSpec,
     SlidingWindowSpec,
 )
-from kvoracle.spec import all_rules
 from kvoracle.spec import hybrid as spec
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
@@ -478,11 +477,7 @@ def make_hybrid_machine(engine_factory: Callable[[], HybridLookupAdapter], verdi
 
 def hybrid_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
     """Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable."""
-    verdicts = Verdicts(Capabilities(), {k: v for k, v in (expectations or {}).items() if k in SCOPE})
-    for rule_obj in all_rules():
-        if rule_obj.id not in SCOPE:
-            verdicts.outcomes[rule_obj.id].not_applicable = OUT_OF_SCOPE
-    return verdicts
+    return Verdicts(Capabilities(), expectations, scope=lambda rule: rule.id in SCOPE, out_of_scope=OUT_OF_SCOPE)
 
 
 def load_hybrid_engine(name: str) -> Callable[[], HybridLookupAdapter]:

@@ -14,9 +14,11 @@ closed set of assertion kinds):
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 
-from kvoracle.spec import all_rules, get_rule
+from kvoracle.spec import Rule, all_rules, get_rule
 
 from .adapter import Capabilities
 
@@ -92,11 +94,8 @@ OUTSIDE_LOCKSTEP = ("judged by kvoracle check --suite hybrid and the spec tests,
 
 def lockstep_verdicts(capabilities: Capabilities, expectations: dict[str, str] | None = None) -> Verdicts:
     """Verdicts of the lockstep suite: rules of other chapters are not applicable."""
-    verdicts = Verdicts(capabilities, expectations)
-    for rule in all_rules():
-        if rule.chapter not in LOCKSTEP_CHAPTERS and verdicts.outcomes[rule.id].not_applicable is None:
-            verdicts.outcomes[rule.id].not_applicable = OUTSIDE_LOCKSTEP
-    return verdicts
+    return Verdicts(capabilities, expectations, scope=lambda rule: rule.chapter in LOCKSTEP_CHAPTERS,
+                    out_of_scope=OUTSIDE_LOCKSTEP)
 
 
 class KnownFailure(Exception):
@@ -177,13 +176,17 @@ class Verdicts:
     """Collects checks for one engine across a whole run."""
 
     def __init__(self, capabilities: Capabilities,
-                 expectations: dict[str, str] | None = None) -> None:
+                 expectations: dict[str, str] | None = None,
+                 scope: Callable[[Rule], bool] | None = None, out_of_scope: str = "") -> None:
+        """``scope`` says which rules the suite judges; the others are not applicable,
+        with ``out_of_scope`` as the reason, and their expectations are dropped."""
         self.capabilities = capabilities
         self.outcomes: dict[str, RuleOutcome] = {}
         for rule in all_rules():
+            judged = scope is None or scope(rule)
             self.outcomes[rule.id] = RuleOutcome(
-                rule.id, not_applicable=applicability(rule.id, capabilities),
-                expected=(expectations or {}).get(rule.id))
+                rule.id, not_applicable=applicability(rule.id, capabilities) if judged else out_of_scope,
+                expected=(expectations or {}).get(rule.id) if judged else None)
         #: Rules with a recorded counterexample: a later failure ends the example quietly.
         self.suppressed: set[str] = set()
         #: The first (unshrunk) failing step list seen for each rule, kept in case shrinking
