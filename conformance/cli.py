@@ -31,6 +31,10 @@ def _check(args: argparse.Namespace) -> int:
             from .hybrid_lookup import hybrid_suite, load_hybrid_engine
             suite = hybrid_suite()
             expectations = expectations_for(load_hybrid_engine(args.engine))
+        elif args.suite == "hybrid-lifecycle":
+            from .hybrid_lifecycle import lifecycle_suite, load_lifecycle_engine
+            suite = lifecycle_suite()
+            expectations = expectations_for(load_lifecycle_engine(args.engine))
         else:
             from .runner import LOCKSTEP as suite
             expectations = expectations_for(args.engine)  # conformance/engines/<name>.toml
@@ -84,9 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rounds after failures, one new failing rule each (default 12)")
     check.add_argument("--step-timeout", type=float, default=10.0,
                        help="seconds an engine may take for one operation; 0 = no limit")
-    check.add_argument("--suite", choices=("lockstep", "hybrid"), default="lockstep",
+    check.add_argument("--suite", choices=("lockstep", "hybrid", "hybrid-lifecycle"), default="lockstep",
                        help="lockstep: the whole manager against the reference (default); hybrid: "
-                            "the hybrid cache-hit lookup over several KV-cache groups")
+                            "the hybrid cache-hit lookup over several KV-cache groups; hybrid-lifecycle: "
+                            "allocation, caching and freeing over several groups")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")

@@ -67,6 +67,7 @@ class HybridConfig:
     max_model_len: int
     hash_block_size: int
     use_eagle: bool = False
+    enable_caching: bool = True
 
     def __attrs_post_init__(self) -> None:
         if not self.kv_cache_specs:
@@ -79,6 +80,9 @@ class HybridConfig:
             raise ConfigError("KV-HYB-001", "hash_block_size", f"must be positive, got {self.hash_block_size}")
         alignment = self.scheduler_block_size
         for index, kv_spec in enumerate(self.kv_cache_specs):
+            if isinstance(kv_spec, CrossAttentionSpec) and self.enable_caching:
+                raise ConfigError("KV-HLC-007", f"kv_cache_specs[{index}]",
+                                  "a cross-attention group needs enable_caching=False")
             if _lookup_kind(kv_spec) is not None and kv_spec.block_size % self.hash_block_size:
                 raise ConfigError(
                     "KV-HYB-001", f"kv_cache_specs[{index}].block_size",
@@ -145,7 +149,7 @@ class HybridCoordinator:
 
     def __init__(self, config: HybridConfig) -> None:
         self.config = config
-        self.pool = BlockPool(config.num_blocks, enable_caching=True)
+        self.pool = BlockPool(config.num_blocks, enable_caching=config.enable_caching)
         groups: list[SpecGroup] = []
         for group_id, kv_spec in enumerate(config.kv_cache_specs):
             kind = _lookup_kind(kv_spec)
@@ -189,6 +193,12 @@ class HybridCoordinator:
                                ) -> tuple[tuple[list[KVCacheBlock], ...], int, int]:
         """``(hit blocks per group, hit length, uncached common prefix tokens)``."""
         flat, cached, num_hashed = self._lookup_inputs(block_hashes)
+        if len(self.config.kv_cache_specs) == 1 and flat:
+            # KV-HYB-014: one KV-cache group is looked up by its own finder, no margin.
+            kind, size, param, eagle = flat[0]
+            hit = spec.unitary_hit(kind, cached[0], max_cache_hit_length, size, param, eagle)
+            entries = [(hit // size, max_cache_hit_length, eagle)]
+            return self._hit_blocks(block_hashes, flat, entries), hit, 0
         hit, lengths, uncached, _, last_lookup = self.fixed_point(
             flat, cached, max_cache_hit_length, num_hashed, self.config.scheduler_block_size)
         entries = [(self.num_hit_blocks(index, hit, lengths), bound, drop)

@@ -16,6 +16,7 @@ from . import (
     full_attention,
     hashing,
     hybrid,
+    hybrid_lifecycle,
     kv_cache_spec,
     lifecycle,
     mamba,
@@ -25,7 +26,7 @@ from .config import ConfigError, validate_config
 from .registry import Rule, all_rules, get_rule
 
 CHAPTERS = (config, kv_cache_spec, hashing, block_pool, full_attention, lifecycle, sliding_window,
-            chunked_local, mamba, cross_attention, hybrid,
+            chunked_local, mamba, cross_attention, hybrid, hybrid_lifecycle,
             data_integrity)
 
 __all__ = [

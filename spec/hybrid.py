@@ -198,6 +198,17 @@ KV_HYB_013 = rule(
     chapter=CHAPTER,
 )
 
+KV_HYB_014 = rule(
+    "KV-HYB-014",
+    "A model with one KV-cache group uses that group's own lookup",
+    """With exactly one KV-cache group vLLM uses the unitary coordinator: the group's finder
+    is called once at max_cache_hit_length with the group's block size as the alignment and
+    the EAGLE drop, without the hybrid loop's look-ahead margin. Where blocks past the bound
+    are cached, an EAGLE hit is then one block shorter than the hybrid loop would answer.""",
+    source=f"{COORD} UnitaryKVCacheCoordinator.find_longest_cache_hit",
+    chapter=CHAPTER,
+)
+
 
 @icontract.require(lambda block_sizes: len(block_sizes) > 0 and all(b > 0 for b in block_sizes),
                    enabled=ENABLED)
@@ -459,3 +470,22 @@ def per_group_hits(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...]
             bound = min(max_cache_hit_length + eagle_margin(kind, size), num_hashed_tokens)
         out.append(group_hit_length(kind, flags, bound, size, param, eagle, alignment))
     return tuple(out)
+
+
+@icontract.require(lambda kind: kind in LOOKUP_KINDS, enabled=ENABLED)
+@icontract.require(lambda kind, param: _param_ok(kind, param), enabled=ENABLED)
+@icontract.require(lambda block_size, max_cache_hit_length: block_size > 0 and max_cache_hit_length >= 0,
+                   enabled=ENABLED)
+@icontract.require(lambda kind, eagle: kind != CHUNKED_LOCAL or not eagle, "KV-CHUNK-003", enabled=ENABLED)
+@icontract.ensure(lambda result, block_size, max_cache_hit_length:
+                  result % block_size == 0 and 0 <= result <= max_cache_hit_length, enabled=ENABLED)
+@icontract.ensure(lambda result, kind, cached, max_cache_hit_length, block_size, param, eagle:
+                  eagle or result == fixed_point(((kind, block_size, param, eagle),), (cached,),
+                                                 max_cache_hit_length, len(cached) * block_size,
+                                                 block_size)[0],
+                  "without EAGLE the unitary lookup is the one-group fixed point", enabled=ENABLED)
+@defines(KV_HYB_014)
+def unitary_hit(kind: str, cached: tuple[bool, ...], max_cache_hit_length: int, block_size: int,
+                param: int, eagle: bool) -> int:
+    """The hit of a model with a single KV-cache group (no EAGLE margin)."""
+    return group_hit_length(kind, cached, max_cache_hit_length, block_size, param, eagle, block_size)

@@ -124,6 +124,14 @@ TESTED = {
     "hybrid.num_cacheable_tokens",
     "hybrid.per_group_hits",
     "sliding_window.num_new_blocks",
+    # The hybrid lifecycle: tests/test_hybrid_lifecycle.py.
+    "hybrid.unitary_hit",
+    "hybrid_lifecycle.skipped_tokens",
+    "hybrid_lifecycle.group_blocks_to_allocate",
+    "hybrid_lifecycle.adopted_table",
+    "hybrid_lifecycle.free_order",
+    "hybrid_lifecycle.table_nulls_ok",
+    "hybrid_lifecycle.blocks_to_cache",
     # Data integrity: slot_value and slot_violation also in tests/test_gpu.py.
     "data_integrity.slot_value",
     "data_integrity.slot_violation",

@@ -1,0 +1,668 @@
+"""The hybrid lifecycle suite: an engine's hybrid allocations, caching and frees in lockstep.
+
+The lookup suite (:mod:`.hybrid_lookup`) judges one answer. This suite follows
+requests through a hybrid model's whole lifecycle (spec chapter
+``hybrid_lifecycle``): a waiting request looks its hit up and adopts it, is
+scheduled chunk by chunk and decodes, is preempted or finishes, while the window
+of its sliding-window and chunked-local groups moves on and frees blocks. The
+engine behind :class:`HybridLifecycleAdapter` and kvoracle's reference
+(:class:`kvoracle.reference.hybrid_manager.HybridKVCacheManager`) apply the same
+steps; after each step the driver compares what the operation returned, then the
+two observations field by field (block tables per group, ref counts, free queue,
+cache map), then checks the invariants any engine's observation must satisfy.
+
+Configurations: 1 to 3 groups of full attention, sliding window (windows 1 to
+12) and chunked local attention, block sizes multiples of the hash block size,
+EAGLE on or off, a small pool; with prefix caching off, a cross-attention group
+sized by the request's encoder tokens (KV-HLC-007). Mamba is not generated: its
+"align" allocation is not specified (KV-MAMBA-003).
+
+Run it with ``kvoracle check --suite hybrid-lifecycle [--engine reference|vllm|module:Class]``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+
+from kvoracle import __version__
+from kvoracle.reference import KVCacheBlocks, Request, RequestStatus
+from kvoracle.reference.hybrid import HybridConfig
+from kvoracle.reference.hybrid_manager import HybridKVCacheManager
+from kvoracle.reference.kv_cache_spec import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    SlidingWindowSpec,
+)
+from kvoracle.spec import block_pool as pool_spec
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as spec
+from kvoracle.spec.lifecycle import cdiv
+
+from .adapter import Capabilities, Lookup, Observation
+from .engines import load_engine
+from .lockstep import RULE_ID_IN_TEXT
+from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
+
+#: Engines with a hybrid lifecycle adapter, by the name ``--engine`` accepts.
+HYBRID_LIFECYCLE_ENGINES: dict[str, str] = {
+    "reference": "kvoracle.conformance.hybrid_lifecycle:ReferenceHybridLifecycle",
+    "vllm": "kvoracle.conformance.engines.vllm_hybrid_lifecycle:VllmHybridLifecycle",
+}
+#: The rules this suite judges; every other rule is "not applicable" in its report.
+SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "KV-LIFE-012",
+         "KV-HYB-003", "KV-HYB-010", "KV-HYB-012", "KV-HYB-013", "KV-HYB-014", "KV-SWA-007",
+         "KV-SWA-008", "KV-SWA-009", "KV-SWA-011", "KV-CROSS-001", "KV-FULL-002", "KV-LIFE-009",
+         "KV-POOL-002", "KV-POOL-004", "KV-POOL-008", "KV-POOL-010", "KV-POOL-011",
+         "KV-POOL-012", "KV-POOL-015")
+OUT_OF_SCOPE = "not judged by the hybrid lifecycle suite"
+NULL_BLOCK_ID = 0
+TOKENS = st.integers(0, 3)
+MAX_LIVE_REQUESTS = 4
+
+#: One group, flat: (kind, block size, window or chunk size, 0 if none).
+GroupDesc = tuple[str, int, int]
+
+
+@runtime_checkable
+class HybridLifecycleAdapter(Protocol):
+    """An engine's hybrid KV-cache manager behind engine-neutral operations."""
+
+    name: str
+
+    def version(self) -> str: ...
+
+    def configure(self, config: HybridConfig) -> None:
+        """Build a fresh engine (an empty pool) for ``config``."""
+
+    def add_request(self, request_id: str, prompt: Sequence[int]) -> None: ...
+
+    def lookup(self, request_id: str) -> Lookup:
+        """``get_computed_blocks`` of a waiting request (null entries as block id 0);
+        the adapter remembers the hit for :meth:`allocate`."""
+
+    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
+                 num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
+        """``allocate_slots``; a non-zero hit adopts the blocks of the last lookup and counts
+        as computed. New block ids per group, or ``None`` when the pool is short."""
+
+    def advance(self, request_id: str, num_tokens: int) -> None: ...
+
+    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None: ...
+
+    def free(self, request_id: str, preempted: bool = False) -> None: ...
+
+    def observe(self) -> Observation:
+        """Tables of requests holding a block (per group), ref counts, the free queue and the
+        cache map keyed by (kvoracle prefix hash, group id)."""
+
+
+class ReferenceHybridLifecycle:
+    """kvoracle's reference hybrid manager behind :class:`HybridLifecycleAdapter`."""
+
+    name = "reference"
+    manager_class: type[HybridKVCacheManager] = HybridKVCacheManager
+
+    def __init__(self) -> None:
+        self.manager: HybridKVCacheManager | None = None
+        self.requests: dict[str, Request] = {}
+        self.last_hit: dict[str, KVCacheBlocks] = {}
+
+    def version(self) -> str:
+        return __version__
+
+    def configure(self, config: HybridConfig) -> None:
+        self.manager = self.manager_class(config)
+        self.requests = {}
+        self.last_hit = {}
+
+    def add_request(self, request_id: str, prompt: Sequence[int]) -> None:
+        assert self.manager is not None
+        self.requests[request_id] = Request(request_id, tuple(prompt), self.manager.config.hash_block_size)
+
+    def lookup(self, request_id: str) -> Lookup:
+        assert self.manager is not None
+        blocks, hit = self.manager.get_computed_blocks(self.requests[request_id])
+        self.last_hit[request_id] = blocks
+        return Lookup(blocks.get_block_ids(), hit)
+
+    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
+                 num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
+        assert self.manager is not None
+        request = self.requests[request_id]
+        hit = self.last_hit.pop(request_id, None) if num_new_computed_tokens else None
+        result = self.manager.allocate_slots(request, num_new_tokens, num_new_computed_tokens, hit,
+                                             num_lookahead_tokens, delay_cache_blocks, num_encoder_tokens)
+        if result is None:
+            return None
+        if request.status is not RequestStatus.RUNNING:
+            request.status = RequestStatus.RUNNING
+            request.num_computed_tokens += num_new_computed_tokens
+        return result.get_block_ids()
+
+    def advance(self, request_id: str, num_tokens: int) -> None:
+        self.requests[request_id].num_computed_tokens += num_tokens
+
+    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
+        self.requests[request_id].append_output_token_ids(list(tokens))
+
+    def free(self, request_id: str, preempted: bool = False) -> None:
+        assert self.manager is not None
+        request = self.requests[request_id]
+        self.manager.free(request)
+        if preempted:
+            request.status = RequestStatus.PREEMPTED
+            request.num_computed_tokens = 0
+        else:
+            del self.requests[request_id]
+
+    def observe(self) -> Observation:
+        manager = self.manager
+        assert manager is not None
+        pool = manager.pool
+        return Observation(
+            num_free_blocks=pool.num_free_blocks(), usage=pool.usage(),
+            block_tables={rid: manager.get_block_ids(rid) for rid in manager.requests()},
+            free_queue=pool.free_queue.block_ids(), ref_counts=pool.ref_counts(),
+            cached={key: tuple(blocks) for key, blocks in pool.cached.items()})
+
+
+# -- steps ---------------------------------------------------------------------------------
+@attrs.frozen
+class LifecycleSetup:
+    """Configure both sides. Every request has ``num_encoder_tokens`` encoder tokens."""
+
+    groups: tuple[GroupDesc, ...]
+    hash_block_size: int
+    num_blocks: int
+    max_model_len: int
+    use_eagle: bool = False
+    enable_caching: bool = True
+    num_encoder_tokens: int = 0
+
+    def config(self) -> HybridConfig:
+        return HybridConfig(tuple(_kv_spec(g) for g in self.groups), self.num_blocks, self.max_model_len,
+                            self.hash_block_size, self.use_eagle, self.enable_caching)
+
+
+@attrs.frozen
+class Arrive:
+    request_id: str
+    prompt: tuple[int, ...]
+
+
+@attrs.frozen
+class Run:
+    """Schedule ``num_new_tokens`` (a waiting request first looks up and adopts its hit)."""
+
+    request_id: str
+    num_new_tokens: int
+    num_draft_tokens: int = 0
+    num_lookahead_tokens: int = 0
+    delay_cache_blocks: bool = False
+
+
+@attrs.frozen
+class Decode:
+    request_id: str
+    tokens: tuple[int, ...]
+
+
+@attrs.frozen
+class Release:
+    request_id: str
+    preempted: bool = False
+
+
+def _kv_spec(group: GroupDesc) -> KVCacheSpec:
+    kind, size, param = group
+    if kind == hybrid_spec.SLIDING_WINDOW:
+        return SlidingWindowSpec(size, sliding_window=param)
+    if kind == hybrid_spec.CHUNKED_LOCAL:
+        return ChunkedLocalAttentionSpec(size, attention_chunk_size=param)
+    if kind == spec.CROSS_ATTENTION:
+        return CrossAttentionSpec(size)
+    return FullAttentionSpec(size)
+
+
+# -- judging -------------------------------------------------------------------------------
+def _diff(label: str, expected: object, actual: object) -> str:
+    return f"{label}: reference {expected!r}, engine {actual!r}"
+
+
+def check_invariants(verdicts: Verdicts, setup: LifecycleSetup, observation: Observation) -> None:
+    """What any hybrid engine's observation satisfies, judged without the reference."""
+    check = verdicts.check
+    num_blocks = setup.num_blocks
+    kinds = [kind for kind, _, _ in setup.groups]
+    for rid, groups in observation.block_tables.items():
+        for kind, table in zip(kinds, groups):
+            check("KV-HYB-013", spec.table_nulls_ok(kind, tuple(b == NULL_BLOCK_ID for b in table)),
+                  lambda rid=rid, kind=kind, table=table: f"{kind} table of {rid} is {list(table)}: "
+                  "null entries (id 0) only as a prefix of a windowed table, none elsewhere")
+    counts, queue = observation.ref_counts, observation.free_queue
+    in_tables = Counter(b for groups in observation.block_tables.values() for t in groups for b in t
+                        if b != NULL_BLOCK_ID)
+    if counts is not None:
+        check("KV-POOL-002", len(counts) == num_blocks and counts[0] == 0,
+              lambda: f"null block ref count {counts[0] if counts else None}")
+        occurrences = tuple(in_tables.get(i, 0) for i in range(num_blocks))
+        check("KV-POOL-011", pool_spec.refcounts_balanced(tuple(counts), occurrences),
+              lambda: "ref counts " + str({i: (c, occurrences[i]) for i, c in enumerate(counts)
+                                           if i and c != occurrences[i]}) + " (count, table occurrences)")
+    if queue is not None:
+        check("KV-POOL-002", NULL_BLOCK_ID not in queue, lambda: f"the null block is in the free queue {queue}")
+        check("KV-POOL-012", observation.num_free_blocks == len(queue),
+              lambda: f"{observation.num_free_blocks} free blocks but a queue of {len(queue)}")
+        check("KV-POOL-010", len(set(queue)) == len(queue), lambda: f"a block is twice in the free queue {queue}")
+    if observation.cached is not None:
+        listed = Counter(b for blocks in observation.cached.values() for b in blocks)
+        check("KV-POOL-015", all(n == 1 for n in listed.values()) and NULL_BLOCK_ID not in listed,
+              lambda: f"a block is under two keys or the null block is cached: {dict(listed)}")
+        check("KV-LIFE-012", setup.enable_caching or not observation.cached,
+              lambda: f"{len(observation.cached)} keys cached with prefix caching off")
+
+
+class LifecycleDriver:
+    """Applies steps to the engine and the reference, and judges each one."""
+
+    def __init__(self, engine_factory: Callable[[], HybridLifecycleAdapter], verdicts: Verdicts) -> None:
+        self.engine_factory = engine_factory
+        self.verdicts = verdicts
+        self.engine: HybridLifecycleAdapter | None = None
+        self.model = ReferenceHybridLifecycle()
+        self.setup: LifecycleSetup | None = None
+        self.steps: list[object] = []
+        self.dead = False
+        #: Requests that have been allocated since they arrived or were preempted.
+        self.running: set[str] = set()
+
+    def apply(self, step: object) -> None:
+        if self.dead:
+            return
+        self.steps.append(step)
+        try:
+            getattr(self, "_" + type(step).__name__)(step)
+            return
+        except KnownFailure:
+            self.dead = True
+            return
+        except RuleViolation as failed:
+            found = failed
+        found.steps = list(self.steps)
+        self.dead = True
+        raise found
+
+    def _call(self, rule_id: str, operation: str, *args: object) -> object:
+        assert self.engine is not None
+        try:
+            return getattr(self.engine, operation)(*args)
+        except Exception as error:  # the engine's failure is a verdict, not a crash of kvoracle
+            named = RULE_ID_IN_TEXT.search(str(error))  # an engine that checks itself names the rule
+            if named and named.group(0) in SCOPE:
+                rule_id = named.group(0)
+            failure = violation(rule_id, f"engine raised in {operation}: {type(error).__name__}: {error}")
+            failure.is_engine_error = True
+            raise failure from None
+
+    def _judge(self, rules: dict[str, str]) -> Observation:
+        """Invariants of the engine's observation, then field-by-field comparison."""
+        assert self.setup is not None
+        expected = self.model.observe()
+        actual: Observation = self._call("KV-HLC-001", "observe")  # type: ignore[assignment]
+        check_invariants(self.verdicts, self.setup, actual)
+        check = self.verdicts.check
+        check(rules["tables"], dict(actual.block_tables) == dict(expected.block_tables),
+              lambda: _diff("block tables", dict(expected.block_tables), dict(actual.block_tables)))
+        check(rules["ref_counts"], actual.ref_counts == expected.ref_counts,
+              lambda: _diff("ref counts", expected.ref_counts, actual.ref_counts))
+        check(rules["free_queue"], actual.free_queue == expected.free_queue,
+              lambda: _diff("free queue", expected.free_queue, actual.free_queue))
+        check(rules["num_free"], actual.num_free_blocks == expected.num_free_blocks,
+              lambda: _diff("free blocks", expected.num_free_blocks, actual.num_free_blocks))
+        if actual.cached is not None:
+            check(rules["cached"], dict(actual.cached) == dict(expected.cached or {}),
+                  lambda: _diff("cache map", _short(expected.cached), _short(actual.cached)))
+        return actual
+
+    def _LifecycleSetup(self, step: LifecycleSetup) -> None:
+        self.setup = step
+        config = step.config()
+        self.model.configure(config)
+        self.engine = self.engine_factory()
+        self.running = set()
+        self._call("KV-HLC-001", "configure", config)
+        self._judge(_rules("KV-POOL-012"))
+
+    def _Arrive(self, step: Arrive) -> None:
+        self.model.add_request(step.request_id, step.prompt)
+        self._call("KV-HLC-001", "add_request", step.request_id, step.prompt)
+
+    def _Decode(self, step: Decode) -> None:
+        self.model.append_tokens(step.request_id, step.tokens)
+        self._call("KV-HLC-001", "append_tokens", step.request_id, step.tokens)
+
+    def _Release(self, step: Release) -> None:
+        self.model.free(step.request_id, step.preempted)
+        self._call("KV-LIFE-009", "free", step.request_id, step.preempted)
+        self.running.discard(step.request_id)
+        actual = self._judge(_rules("KV-HLC-004", tables="KV-LIFE-009"))
+        self.verdicts.check("KV-LIFE-009", step.request_id not in actual.block_tables,
+                            lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
+
+    def _Run(self, step: Run) -> None:
+        assert self.setup is not None
+        request = self.model.requests[step.request_id]
+        waiting = step.request_id not in self.running
+        hit = Lookup((), 0)
+        if waiting:
+            hit = self._lookup(step.request_id)
+        new = min(step.num_new_tokens, request.num_tokens - request.num_computed_tokens - hit.num_tokens)
+        if new <= 0:
+            return  # nothing to compute: the scheduler would not schedule it
+        encoder = self.setup.num_encoder_tokens
+        expected = self.model.allocate(step.request_id, new + step.num_draft_tokens, hit.num_tokens,
+                                       step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
+        actual = self._call("KV-HLC-001", "allocate", step.request_id, new + step.num_draft_tokens,
+                            hit.num_tokens, step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
+        check = self.verdicts.check
+        check("KV-HYB-012", (expected is None) == (actual is None), lambda: (
+            f"allocate_slots({step.request_id}, {new + step.num_draft_tokens} new, hit {hit.num_tokens}): "
+            f"reference {'fails' if expected is None else 'succeeds'}, engine "
+            f"{'fails' if actual is None else 'succeeds'}"))
+        if actual is None:
+            # KV-SWA-008: the skipped blocks were freed even though the allocation failed.
+            self._judge(_rules("KV-SWA-008"))
+            return
+        self.running.add(step.request_id)
+        self.model.advance(step.request_id, new)
+        self._call("KV-HLC-001", "advance", step.request_id, new)
+        groups = self.setup.groups
+        if hit.num_tokens:  # a skipped prefix in the hit is KV-SWA-009's case
+            skipped = any(spec.skipped_tokens(kind, param, hit.num_tokens) >= size
+                          for kind, size, param in groups if kind in spec.WINDOWED_KINDS)
+            tables = "KV-SWA-009" if skipped else "KV-HLC-003"
+        else:
+            windowed = any(kind in spec.WINDOWED_KINDS for kind, _, _ in groups)
+            tables = "KV-SWA-007" if windowed else "KV-HLC-001"
+        # Where the nulls are decides which blocks were free for this allocation: a wrong null
+        # layout is the table's rule, not the allocation order's.
+        mine = self.model.observe().block_tables.get(step.request_id, ())
+        theirs = self._call("KV-HLC-001", "observe").block_tables.get(step.request_id, ())
+        check(tables, [[b == NULL_BLOCK_ID for b in t] for t in mine] == [[b == NULL_BLOCK_ID for b in t]
+                                                                          for t in theirs],
+              lambda: _diff(f"null entries in the tables of {step.request_id}", mine, theirs))
+        check("KV-POOL-004", tuple(map(tuple, actual)) == tuple(map(tuple, expected)),
+              lambda: _diff("newly allocated blocks per group", expected, actual))
+        after = self._judge(_rules("KV-HLC-002", tables=tables, ref_counts="KV-POOL-008",
+                                   free_queue="KV-HLC-001", cached=self._caching_rule()))
+        for (kind, size, _), table in zip(groups, after.block_tables.get(step.request_id, ())):
+            if kind == spec.CROSS_ATTENTION:
+                check("KV-CROSS-001", len(table) == cdiv(encoder, size), lambda table=table, size=size: (
+                    f"cross-attention table {list(table)} for {encoder} encoder tokens of block size {size}"))
+
+    def _caching_rule(self) -> str:
+        """The most specific caching rule this configuration exercises."""
+        assert self.setup is not None
+        groups = self.setup.groups
+        if len(groups) == 1 or not self.setup.enable_caching:
+            return "KV-HLC-005"
+        alignment = math.lcm(*(size for _, size, _ in groups))
+        eagle = self.setup.use_eagle
+        sparse = any(kind == hybrid_spec.SLIDING_WINDOW
+                     and cdiv(param - 1, size) + int(eagle) < alignment // size
+                     for kind, size, param in groups)
+        return "KV-SWA-011" if sparse else "KV-HYB-010"
+
+    def _lookup(self, request_id: str) -> Lookup:
+        assert self.setup is not None
+        expected = self.model.lookup(request_id)
+        actual: Lookup = self._call("KV-HYB-003", "lookup", request_id)  # type: ignore[assignment]
+        check = self.verdicts.check
+        rule_id = "KV-HYB-014" if len(self.setup.groups) == 1 else "KV-HYB-003"
+        check(rule_id, actual.num_tokens == expected.num_tokens,
+              lambda: _diff(f"hit length of {request_id}", expected.num_tokens, actual.num_tokens))
+        check("KV-FULL-002", tuple(map(tuple, actual.block_ids)) == tuple(map(tuple, expected.block_ids)),
+              lambda: _diff(f"hit blocks of {request_id}", expected.block_ids, actual.block_ids))
+        return expected
+
+
+def _rules(default: str, **fields: str) -> dict[str, str]:
+    names = ("num_free", "tables", "ref_counts", "free_queue", "cached")
+    return {name: fields.get(name, default) for name in names}
+
+
+def _short(cached: object) -> object:
+    if not isinstance(cached, dict):
+        return cached
+    return {(key.hex()[:8] if isinstance(key, bytes) else key, group): blocks
+            for (key, group), blocks in sorted(cached.items(), key=lambda kv: (kv[0][1], kv[1]))}
+
+
+# -- generation ----------------------------------------------------------------------------
+@st.composite
+def lifecycle_setups(draw: st.DrawFn) -> LifecycleSetup:
+    """Valid hybrid lifecycle configurations, biased towards pools that fill up."""
+    hash_size = draw(st.sampled_from([1, 2, 4]), label="hash_block_size")
+    caching = draw(st.sampled_from([True, True, True, False]), label="enable_caching")
+    eagle = draw(st.booleans(), label="use_eagle")
+    count = draw(st.integers(1, 3), label="num_groups")
+    kinds = [hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.SLIDING_WINDOW]
+    if not eagle:
+        kinds.append(hybrid_spec.CHUNKED_LOCAL)  # KV-CHUNK-003
+    drafts = []
+    for _ in range(count):
+        kind = draw(st.sampled_from(kinds), label="kind")
+        size = hash_size if count == 1 else hash_size * draw(st.sampled_from([1, 2, 4]), label="scale")
+        drafts.append([kind, size, 0])
+    encoder = 0
+    if not caching and draw(st.integers(0, 3), label="cross_attention") > 0:  # KV-HLC-007
+        drafts.append([spec.CROSS_ATTENTION, hash_size * draw(st.sampled_from([1, 2])), 0])
+        encoder = draw(st.integers(1, 12), label="num_encoder_tokens")
+    others = [size for kind, size, _ in drafts if kind != hybrid_spec.CHUNKED_LOCAL]
+    alignment = math.lcm(hash_size, *others) if others else hash_size
+    for draft in drafts:
+        if draft[0] == hybrid_spec.CHUNKED_LOCAL:
+            draft[1] = alignment  # KV-CHUNK-003
+            draft[2] = alignment * draw(st.integers(1, 3), label="chunk_blocks")
+        elif draft[0] == hybrid_spec.SLIDING_WINDOW:
+            # Small windows as often as large ones: a window shorter than the alignment
+            # caches only the reachable blocks (KV-SWA-011).
+            draft[2] = draw(st.integers(1, 12) | st.integers(1, 4), label="window")
+    groups = tuple(tuple(d) for d in drafts)
+    max_model_len = alignment * draw(st.integers(4, 12), label="max_model_len blocks")
+    blocks_per_request = sum(cdiv(max_model_len, size) for _, size, _ in groups)
+    # Mostly room for two or three requests; one time in four a pool that runs out early.
+    small = draw(st.integers(0, 3), label="small pool") == 0
+    num_blocks = draw(st.integers(2, max(3, blocks_per_request)) if small else st.integers(
+        blocks_per_request, 3 * blocks_per_request), label="num_blocks")
+    return LifecycleSetup(groups, hash_size, num_blocks, max_model_len, eagle, caching, encoder)
+
+
+class HybridLifecycleMachine(RuleBasedStateMachine):
+    """Requests arriving, running in chunks, decoding, being preempted and finishing."""
+
+    engine_factory: Callable[[], HybridLifecycleAdapter]
+    verdicts: Verdicts
+    on_example: Callable[[], None] | None = None
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.driver = LifecycleDriver(type(self).engine_factory, self.verdicts)
+        self.prompts: list[tuple[int, ...]] = []
+        self.warm: list[tuple[int, ...]] = []
+        self.next_id = 0
+        if self.on_example is not None:
+            self.on_example()
+
+    @initialize(setup=lifecycle_setups())
+    def configure(self, setup: LifecycleSetup) -> None:
+        self.driver.apply(setup)
+
+    def _alive(self) -> bool:
+        return self.driver.setup is not None and not self.driver.dead
+
+    def _live(self) -> list[str]:
+        return sorted(self.driver.model.requests)
+
+    def _can_arrive(self) -> bool:
+        return self._alive() and len(self._live()) < MAX_LIVE_REQUESTS
+
+    def _has_live(self) -> bool:
+        return self._alive() and bool(self._live())
+
+    @precondition(_can_arrive)
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        setup = self.driver.setup
+        limit = setup.max_model_len - 1
+        alignment = math.lcm(*(size for _, size, _ in setup.groups))
+        prefix: tuple[int, ...] = ()
+        warm = self._warm()
+        sources = warm if warm and data.draw(st.integers(0, 3), label="warm source") else self.prompts
+        if sources and data.draw(st.integers(0, 4), label="shares a prefix"):
+            source = data.draw(st.sampled_from(sources), label="source")
+            cut = data.draw(st.integers(0, len(source)) | st.integers(0, len(source) // alignment).map(
+                lambda k: k * alignment), label="cut")
+            prefix = source[:cut]
+        suffix = data.draw(st.lists(TOKENS, min_size=1, max_size=3 * alignment), label="suffix")
+        prompt = (prefix + tuple(suffix))[:limit]
+        self.prompts.append(prompt)
+        request_id = f"r{self.next_id}"
+        self.next_id += 1
+        self.driver.apply(Arrive(request_id, prompt))
+
+    def _warm(self) -> list[tuple[int, ...]]:
+        """Computed tokens of live and released requests: the prefixes that can hit."""
+        return [tuple(r.all_token_ids[:r.num_computed_tokens]) for r in self.driver.model.requests.values()
+                if r.num_computed_tokens] + self.warm
+
+    def _can_serve(self) -> bool:
+        return self._can_arrive() and bool(self._warm())
+
+    @precondition(_can_serve)
+    @rule(data=st.data())
+    def serve_shared_prefix(self, data: st.DataObject) -> None:
+        # A request continuing a computed prefix arrives and is scheduled at once: the
+        # lifecycle's hits (KV-HLC-003, KV-SWA-009) need exactly this.
+        setup = self.driver.setup
+        source = data.draw(st.sampled_from(self._warm()), label="source")
+        suffix = data.draw(st.lists(TOKENS, min_size=0, max_size=4), label="suffix")
+        prompt = (source + tuple(suffix))[:setup.max_model_len - 1] or (0,)
+        self.prompts.append(prompt)
+        request_id = f"r{self.next_id}"
+        self.next_id += 1
+        self.driver.apply(Arrive(request_id, prompt))
+        self.driver.apply(Run(request_id, data.draw(st.integers(1, len(prompt)), label="num_new_tokens")))
+
+    @precondition(_has_live)
+    @rule(data=st.data())
+    def run(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(self._live()), label="request")
+        request = self.driver.model.requests[request_id]
+        if request.num_computed_tokens >= request.num_tokens:
+            room = self.driver.setup.max_model_len - request.num_tokens
+            if room <= 0:
+                self.driver.apply(Release(request_id))
+                return
+            self.driver.apply(Decode(request_id, tuple(data.draw(
+                st.lists(TOKENS, min_size=1, max_size=min(room, 3)), label="tokens"))))
+        left = request.num_tokens - request.num_computed_tokens
+        chunk = data.draw(st.integers(1, max(1, left)) | st.just(max(1, left)), label="num_new_tokens")
+        drafts = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="num_draft_tokens")
+        lookahead = data.draw(st.sampled_from([0, 0, 0, 1, 3]), label="num_lookahead_tokens")
+        delay = data.draw(st.sampled_from([False] * 5 + [True]), label="delay_cache_blocks")
+        self.driver.apply(Run(request_id, chunk, drafts, lookahead, delay))
+
+    @precondition(_has_live)
+    @rule(data=st.data())
+    def run_again(self, data: st.DataObject) -> None:
+        self.run(data)  # scheduling is the common step: twice the weight of the others
+
+    @precondition(_has_live)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(self._live()), label="request")
+        request = self.driver.model.requests[request_id]
+        if request.num_computed_tokens:
+            self.warm.append(tuple(request.all_token_ids[:request.num_computed_tokens]))
+        self.driver.apply(Release(request_id, data.draw(st.booleans(), label="preempted")))
+
+    @rule()
+    def idle(self) -> None:
+        pass  # lets Hypothesis finish an example whose engine is dead
+
+
+def make_lifecycle_machine(engine_factory: Callable[[], HybridLifecycleAdapter], verdicts: Verdicts,
+                           quarantine: object = None, step_timeout: float | None = None,
+                           on_example: Callable[[], None] | None = None) -> type[HybridLifecycleMachine]:
+    """A machine class bound to one engine (the runner's ``make_machine`` signature; the
+    quarantine and step timeout are not used by this suite)."""
+    return type(f"HybridLifecycle_{getattr(engine_factory, '__name__', 'engine')}", (HybridLifecycleMachine,), {
+        "engine_factory": staticmethod(engine_factory), "verdicts": verdicts,
+        "on_example": staticmethod(on_example) if on_example else None})
+
+
+def lifecycle_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
+    return Verdicts(Capabilities(), expectations, scope=lambda rule: rule.id in SCOPE, out_of_scope=OUT_OF_SCOPE)
+
+
+def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:
+    return load_engine(HYBRID_LIFECYCLE_ENGINES.get(name, name))
+
+
+# -- replay --------------------------------------------------------------------------------
+def replay_lifecycle(engine: str | Callable[[], HybridLifecycleAdapter], steps: Sequence[object]) -> Verdicts:
+    """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
+    factory = load_lifecycle_engine(engine) if isinstance(engine, str) else engine
+    verdicts = lifecycle_verdicts(None, None)
+    driver = LifecycleDriver(factory, verdicts)
+    for step in steps:
+        driver.apply(step)
+    return verdicts
+
+
+_TEMPLATE = '''\
+"""kvoracle counterexample: {rule_id} on engine {engine!r} (hybrid lifecycle suite).
+
+{message}
+
+Generated by `kvoracle check --suite hybrid-lifecycle`; run with `pytest {filename}`. The
+test fails while the engine still violates the rule, and passes once it is fixed.
+"""
+
+from kvoracle.conformance.hybrid_lifecycle import Arrive, Decode, LifecycleSetup, Release, Run, replay_lifecycle
+
+ENGINE = {engine!r}
+STEPS = [
+{steps}
+]
+
+
+def test_{test_name}():
+    replay_lifecycle(ENGINE, STEPS)
+'''
+
+
+def write_lifecycle_replay(directory: Path, engine_spec: str, example: Counterexample) -> Path:
+    from .replay import write_replay
+
+    return write_replay(directory, engine_spec, example, template=_TEMPLATE, prefix="lifecycle_")
+
+
+def lifecycle_suite():
+    """The runner's description of this suite."""
+    from .runner import Suite
+    return Suite(load=load_lifecycle_engine, make_verdicts=lifecycle_verdicts, make_machine=make_lifecycle_machine,
+                 write_replay=write_lifecycle_replay)

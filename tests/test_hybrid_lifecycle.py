@@ -1,0 +1,235 @@
+"""The hybrid lifecycle: spec chapter properties, the reference manager, and the suite's meta-tests.
+
+Each broken engine below gets one behaviour of vLLM's hybrid lifecycle wrong; the
+hybrid lifecycle suite must convict it with the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvoracle.conformance.hybrid_lifecycle import (
+    Arrive,
+    LifecycleDriver,
+    LifecycleSetup,
+    ReferenceHybridLifecycle,
+    Release,
+    Run,
+    lifecycle_suite,
+    lifecycle_verdicts,
+    replay_lifecycle,
+)
+from kvoracle.conformance.runner import RunOptions, run_suite
+from kvoracle.conformance.verdicts import RuleViolation
+from kvoracle.reference import Request
+from kvoracle.reference.hybrid import HybridConfig
+from kvoracle.reference.hybrid_manager import GroupTables, HybridKVCacheManager
+from kvoracle.reference.kv_cache_spec import CrossAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
+from kvoracle.spec import ConfigError, chunked_local, lifecycle, sliding_window
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as spec
+
+FULL, SWA, CHUNK, CROSS = hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.CHUNKED_LOCAL, spec.CROSS_ATTENTION
+
+
+# -- spec ----------------------------------------------------------------------------------
+@given(st.sampled_from([FULL, SWA, CHUNK, CROSS]), st.integers(1, 20), st.integers(0, 100))
+def test_skipped_tokens_are_the_attention_types(kind: str, param: int, computed: int) -> None:
+    expected = {SWA: sliding_window.num_skipped_tokens(computed, param),
+                CHUNK: chunked_local.num_skipped_tokens(computed, param)}.get(kind, 0)
+    assert spec.skipped_tokens(kind, param, computed) == expected
+
+
+@given(st.integers(0, 64), st.integers(1, 8), st.integers(0, 8), st.lists(st.booleans(), max_size=8),
+       st.integers(0, 64), st.booleans())
+def test_group_need(slots: int, size: int, held: int, evictable: list[bool], skipped: int, tracked: bool) -> None:
+    hits = () if tracked else tuple(evictable)
+    need = spec.group_blocks_to_allocate(slots, size, held, hits, skipped, tracked)
+    if tracked:
+        assert need == max(lifecycle.cdiv(slots, size) - held, 0)
+    # Skipped positions never need a block: the need never exceeds the windowless one.
+    assert need <= lifecycle.num_blocks_to_allocate(slots, size, held, len(hits), sum(hits)) or tracked
+
+
+def test_group_need_worked_example() -> None:
+    # 20 slots of 4 tokens, 4 hits of which blocks 0, 1, 3 are in the free queue, 9 skipped
+    # tokens (2 blocks): 5 - max(2, 4) = 1 new block, plus the free hits past the skipped: 1.
+    assert spec.group_blocks_to_allocate(20, 4, 0, (True, True, False, True), 9, False) == 2
+
+
+@given(st.lists(st.integers(1, 30), max_size=8).map(tuple), st.integers(0, 10))
+def test_adopted_table(hits: tuple[int, ...], skipped: int) -> None:
+    table = spec.adopted_table(hits, skipped)
+    assert spec.table_nulls_ok(SWA, tuple(b == 0 for b in table))
+
+
+@given(st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(1, 30), max_size=5)), max_size=3))
+def test_free_order_releases_each_group_tail_first(groups: list[tuple[int, list[int]]]) -> None:
+    tables = tuple((0,) * nulls + tuple(blocks) for nulls, blocks in groups)
+    order = spec.free_order(tables)
+    assert order == tuple(b for _, blocks in groups for b in reversed(blocks))
+
+
+def test_table_nulls() -> None:
+    assert spec.table_nulls_ok(SWA, (True, True, False))
+    assert not spec.table_nulls_ok(SWA, (False, True, False))
+    assert not spec.table_nulls_ok(FULL, (True, False))
+    assert spec.table_nulls_ok(CROSS, (False, False))
+
+
+@given(st.integers(1, 12), st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4]), st.booleans(),
+       st.lists(st.booleans(), max_size=12), st.integers(0, 6), st.integers(0, 12))
+def test_blocks_to_cache(window: int, size: int, scale: int, eagle: bool, nulls: list[bool], start: int,
+                         end: int) -> None:
+    alignment = size * scale
+    need = sliding_window.contiguous_blocks_needed(window, size, eagle)
+    got = spec.blocks_to_cache(SWA, window, start, end, size, alignment, eagle, tuple(nulls))
+    assert got == tuple(i for i in range(start, min(end, len(nulls)))
+                        if not nulls[i] and sliding_window.block_is_reachable(i, need, size, alignment, eagle))
+
+
+def test_blocks_to_cache_worked_example() -> None:
+    # Window 8, block 4, alignment 16: a hit at a 16-token boundary reads the last 2 of each
+    # segment's 4 blocks, so blocks 2, 3, 6, 7 are cached.
+    assert spec.blocks_to_cache(SWA, 8, 0, 8, 4, 16, False, (False,) * 8) == (2, 3, 6, 7)
+    # Window 1 without EAGLE: no hit reads any block, so nothing is cached.
+    assert spec.blocks_to_cache(SWA, 1, 0, 4, 2, 2, False, (False,) * 4) == ()
+
+
+@given(st.sampled_from([FULL, SWA]), st.lists(st.booleans(), max_size=10).map(tuple), st.integers(0, 40),
+       st.sampled_from([1, 2, 4]), st.integers(1, 9), st.booleans())
+def test_unitary_hit(kind: str, cached: tuple[bool, ...], bound: int, size: int, window: int, eagle: bool) -> None:
+    hybrid_spec.unitary_hit(kind, cached, bound, size, window, eagle)  # contracts: the fixed point without EAGLE
+
+
+def test_unitary_eagle_has_no_margin() -> None:
+    """KV-HYB-014: with one group the EAGLE hit does not look past the bound."""
+    cached = (True, True, True)
+    assert hybrid_spec.unitary_hit(FULL, cached, 7, 4, 0, True) == 0
+    assert hybrid_spec.fixed_point(((FULL, 4, 0, True),), (cached,), 7, 12, 4)[0] == 4
+
+
+# -- reference -----------------------------------------------------------------------------
+def test_reference_rejects_what_it_does_not_specify() -> None:
+    with pytest.raises(ConfigError, match="KV-MAMBA-003"):
+        HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))
+    with pytest.raises(ConfigError, match="KV-HLC-007"):
+        HybridConfig((FullAttentionSpec(2), CrossAttentionSpec(2)), 20, 64, 2)
+    with pytest.raises(ConfigError, match="KV-HYB-001"):
+        HybridKVCacheManager(HybridConfig((SlidingWindowSpec(4, sliding_window=3),), 20, 64, 2))
+
+
+def test_reference_worked_example() -> None:
+    """Full attention (block 4) with a sliding window of 5 (block 2), hash block 2."""
+    manager = HybridKVCacheManager(HybridConfig((FullAttentionSpec(4), SlidingWindowSpec(2, sliding_window=5)),
+                                                40, 256, 2))
+    first = Request("a", tuple(range(30)), 2)
+    manager.allocate_slots(first, 30)
+    first.num_computed_tokens = 30
+    first.append_output_token_ids([7])
+    manager.allocate_slots(first, 1)
+    # 30 computed tokens leave 26 outside the window: 13 sliding-window blocks became nulls.
+    assert manager.get_block_ids("a")[1] == (0,) * 13 + (22, 23, 24)
+    first.num_computed_tokens = 31
+    manager.free(first)
+    second = Request("b", (*range(30), 1, 2, 3), 2)
+    blocks, hit = manager.get_computed_blocks(second)
+    assert hit == 28
+    manager.allocate_slots(second, second.num_tokens - hit, hit, blocks)
+    # KV-HLC-003: 28 computed tokens skip 24, so 12 nulls, then the hit's last two blocks.
+    assert manager.get_block_ids("b")[1][:14] == (0,) * 12 + (21, 22)
+
+
+def test_reference_suite_passes() -> None:
+    result = run_suite("reference", RunOptions(max_examples=150, replay_dir=None), suite=lifecycle_suite())
+    assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
+                       if o.outcome not in ("pass", "not-applicable")]
+
+
+# -- broken engines ------------------------------------------------------------------------
+class ForwardFreeGroups(GroupTables):
+    def free(self, request_id: str) -> None:  # head first: the wrong eviction order
+        table = self.req_to_blocks.pop(request_id, [])
+        self.num_cached_block.pop(request_id, None)
+        self.pool.free_blocks([b for b in table if not b.is_null])
+
+
+class KeepsSkippedBlocks(GroupTables):
+    def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
+        return None  # never frees blocks outside the window
+
+
+class CachesUnreachable(GroupTables):
+    def cache_blocks(self, request: Request, num_tokens: int) -> None:
+        kind = self.kind
+        self.kind = FULL  # every full block cached, reachable or not
+        try:
+            super().cache_blocks(request, num_tokens)
+        finally:
+            self.kind = kind
+
+
+class ForgetsAdoptedHits(GroupTables):
+    def adopt_hit(self, request_id, hits, num_computed_tokens) -> None:
+        super().adopt_hit(request_id, hits, num_computed_tokens)
+        if request_id in self.num_cached_block:
+            self.num_cached_block[request_id] = 0  # the hits will be cached a second time
+
+
+def _engine(groups_class: type[GroupTables]) -> type[ReferenceHybridLifecycle]:
+    class Manager(HybridKVCacheManager):
+        def __init__(self, config: HybridConfig) -> None:
+            super().__init__(config)
+            self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
+                                             g.eagle) for g in self.groups)
+
+    return type(f"Broken_{groups_class.__name__}", (ReferenceHybridLifecycle,), {"manager_class": Manager})
+
+
+#: Fixed step lists that expose each bug, and the rule each must be convicted of.
+SWA_MODEL = LifecycleSetup(((FULL, 2, 0), (SWA, 1, 2)), 1, 40, 32)
+CASES = {
+    "forward free": (ForwardFreeGroups, "KV-HLC-004", [
+        SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2)), Run("a", 6), Release("a")]),
+    "keeps skipped blocks": (KeepsSkippedBlocks, "KV-SWA-007", [
+        SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2)), Run("a", 3), Run("a", 3)]),
+    "caches unreachable blocks": (CachesUnreachable, "KV-SWA-011", [
+        LifecycleSetup(((FULL, 4, 0), (SWA, 1, 2)), 1, 40, 32), Arrive("a", tuple(range(9))), Run("a", 9)]),
+    "forgets adopted hits": (ForgetsAdoptedHits, "KV-POOL-002", [
+        SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2, 3)), Run("a", 7), Release("a"),
+        Arrive("b", (1, 2, 3, 0, 1, 2, 3, 3)), Run("b", 8)]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
+    groups_class, rule_id, steps = CASES[name]
+    engine = _engine(groups_class)
+    replay_lifecycle(ReferenceHybridLifecycle, steps)  # the reference passes the case
+    with pytest.raises(RuleViolation) as failure:
+        replay_lifecycle(engine, steps)
+    assert failure.value.rule_id == rule_id, failure.value.message
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
+    groups_class, rule_id, _ = CASES[name]
+    result = run_suite(_engine(groups_class), RunOptions(max_examples=150, max_rounds=2, replay_dir=tmp_path),
+                       suite=lifecycle_suite())
+    failed = {o.rule_id for o in result.verdicts.outcomes.values() if o.counterexamples or o.errors}
+    assert rule_id in failed, failed
+
+
+def test_driver_reports_an_engine_that_raises() -> None:
+    class Raises(ReferenceHybridLifecycle):
+        def allocate(self, *args, **kwargs):
+            raise RuntimeError("boom")
+
+    driver = LifecycleDriver(Raises, lifecycle_verdicts(None, None))
+    driver.apply(SWA_MODEL)
+    driver.apply(Arrive("a", (1, 2)))
+    with pytest.raises(RuleViolation) as failure:
+        driver.apply(Run("a", 2))
+    assert failure.value.rule_id == "KV-HLC-001" and "boom" in failure.value.message
