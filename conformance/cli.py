@@ -35,6 +35,10 @@ def _check(args: argparse.Namespace) -> int:
             from .hybrid_lifecycle import lifecycle_suite, load_lifecycle_engine
             suite = lifecycle_suite()
             expectations = expectations_for(load_lifecycle_engine(args.engine))
+        elif args.suite == "external-store":
+            from .external_store import external_suite, load_external_engine
+            suite = external_suite()
+            expectations = expectations_for(load_external_engine(args.engine))
         else:
             from .runner import LOCKSTEP as suite
             expectations = expectations_for(args.engine)  # conformance/engines/<name>.toml
@@ -88,10 +92,12 @@ def build_parser() -> argparse.ArgumentParser:
                        help="rounds after failures, one new failing rule each (default 12)")
     check.add_argument("--step-timeout", type=float, default=10.0,
                        help="seconds an engine may take for one operation; 0 = no limit")
-    check.add_argument("--suite", choices=("lockstep", "hybrid", "hybrid-lifecycle"), default="lockstep",
+    check.add_argument("--suite", choices=("lockstep", "hybrid", "hybrid-lifecycle", "external-store"),
+                       default="lockstep",
                        help="lockstep: the whole manager against the reference (default); hybrid: "
                             "the hybrid cache-hit lookup over several KV-cache groups; hybrid-lifecycle: "
-                            "allocation, caching and freeing over several groups")
+                            "allocation, caching and freeing over several groups; external-store: an external "
+                            "KV store's (Mooncake) hit, load and store masks")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")

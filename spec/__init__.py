@@ -13,6 +13,7 @@ from . import (
     config,
     cross_attention,
     data_integrity,
+    external_store,
     full_attention,
     hashing,
     hybrid,
@@ -27,7 +28,7 @@ from .registry import Rule, all_rules, get_rule
 
 CHAPTERS = (config, kv_cache_spec, hashing, block_pool, full_attention, lifecycle, sliding_window,
             chunked_local, mamba, cross_attention, hybrid, hybrid_lifecycle,
-            data_integrity)
+            data_integrity, external_store)
 
 __all__ = [
     "CHAPTERS",

@@ -137,6 +137,17 @@ TESTED = {
     "data_integrity.slot_violation",
     "data_integrity.cached_block_intact",
     "data_integrity.null_block_unwritten",
+    # External store: tests/test_external_store_spec.py.
+    "external_store.local_eagle_groups",
+    "external_store.store_eagle_groups",
+    "external_store.chunk_key_index",
+    "external_store.load_mask",
+    "external_store.is_loadable",
+    "external_store.store_fast_path",
+    "external_store.store_mask",
+    "external_store.lookup_mask",
+    "external_store.store_is_sufficient",
+    "external_store.external_hit",
 }
 
 
