@@ -22,6 +22,9 @@ class KVCacheBlock:
     ref_cnt: int = 0
     cache_key: CacheKey | None = None
     is_null: bool = False
+    #: A partial tail entry (KV-HLC-006): never read by a whole-block lookup, but it makes
+    #: the block a cached block for the free queue's order, until it is cached whole or reused.
+    partial_key: CacheKey | None = None
 
     def __repr__(self) -> str:
         return f"KVCacheBlock({self.block_id}, ref={self.ref_cnt}{', null' if self.is_null else ''})"

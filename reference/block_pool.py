@@ -75,7 +75,7 @@ def _released_in_order(pool: BlockPool, blocks: Sequence[KVCacheBlock]
         remaining[block.block_id] -= 1
         if remaining[block.block_id] == 0:
             released.append(block.block_id)
-            hashed.append(pool.enable_caching and block.cache_key is not None)
+            hashed.append(pool.enable_caching and (block.cache_key is not None or block.partial_key is not None))
     return tuple(released), tuple(hashed)
 
 
@@ -165,6 +165,7 @@ class BlockPool:
         for block in blocks:
             if block.cache_key is not None:
                 self._evict(block)  # KV-POOL-005
+            block.partial_key = None
             block.ref_cnt += 1
         return blocks
 
@@ -203,7 +204,7 @@ class BlockPool:
                 continue  # KV-POOL-002
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if block.cache_key is None or not self.enable_caching:
+                if (block.cache_key is None and block.partial_key is None) or not self.enable_caching:
                     evict_first.append(block)
                 else:
                     evict_last.append(block)
@@ -241,7 +242,13 @@ class BlockPool:
         for block, key in pairs:
             self._cache(block, key)
 
+    def register_partial(self, block: KVCacheBlock, key: CacheKey) -> None:
+        """KV-HLC-006: a partial tail entry for a block not cached whole (else ignored)."""
+        if not block.is_null and block.cache_key is None:
+            block.partial_key = key
+
     def _cache(self, block: KVCacheBlock, key: CacheKey) -> None:
+        block.partial_key = None  # a partial entry is promoted to the whole block's key
         block.cache_key = key
         self.cached.setdefault(key, {})[block.block_id] = block
 
@@ -265,6 +272,7 @@ class BlockPool:
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         for block_id in block_ids:
             block = self.blocks[block_id]
+            block.partial_key = None
             if block.cache_key is not None:
                 self._evict(block)
 
@@ -280,5 +288,7 @@ class BlockPool:
         for blocks in self.cached.values():
             for block in blocks.values():
                 block.cache_key = None
+        for block in self.blocks:
+            block.partial_key = None
         self.cached = {}
         return True

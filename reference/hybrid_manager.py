@@ -117,6 +117,22 @@ class GroupTables:
         if len(config.kv_cache_specs) > 1:  # KV-HYB-010 (one group: every computed token)
             num_tokens = hybrid_spec.num_cacheable_tokens(
                 num_tokens, config.scheduler_block_size, self.eagle, self.block_size)
+        self._cache_full_blocks(request, num_tokens)
+        if self.kind == hybrid_spec.FULL and self.block_size != request.hash_block_size:
+            self._register_partial_tail(request, num_tokens)
+
+    def _register_partial_tail(self, request: Request, num_tokens: int) -> None:
+        """KV-HLC-006: the block holding the prompt's last hash boundary gets a partial entry."""
+        boundary = spec.partial_tail_boundary(request.num_prompt_tokens, len(request.block_hashes),
+                                              request.hash_block_size, self.block_size, self.eagle)
+        table = self.req_to_blocks.get(request.request_id, [])
+        if boundary == 0 or boundary > num_tokens or boundary // self.block_size >= len(table):
+            return
+        key = (request.block_hashes[boundary // request.hash_block_size - 1], self.group_id)
+        self.pool.register_partial(table[boundary // self.block_size], key)
+
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        config = self.coordinator.config
         num_cached = self.num_cached_block.get(request.request_id, 0)
         num_hashed = len(request.block_hashes) * request.hash_block_size
         num_full = min(num_tokens, num_hashed) // self.block_size

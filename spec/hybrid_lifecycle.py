@@ -119,11 +119,14 @@ KV_HLC_005 = rule(
 KV_HLC_006 = rule(
     "KV-HLC-006",
     "vLLM also registers a partial tail entry that whole-block lookups never read",
-    """A full-attention group whose block size exceeds the hash block size registers the
-    block holding the prompt's last hash boundary under that boundary's hash as a partial
-    entry (vLLM 0.33.0). Whole-block lookups never read such an entry, so hits and block
-    tables are unaffected; kvoracle does not specify partial entries, and the vLLM adapter
-    leaves them out of the cache map it reports.""",
+    """A full-attention group whose block size exceeds the hash block size also registers,
+    after caching, the block holding the prompt's last hash boundary (the prompt with EAGLE,
+    one token less without, in whole hash blocks) under that boundary's hash, when the
+    boundary lies inside a block, within the tokens cached, and in the table. Whole-block
+    lookups never read such an entry, so hits are unaffected; but a block with only a
+    partial entry counts as cached when freed (appended to the free queue, KV-POOL-006),
+    until it is reused or cached whole. kvoracle specifies that effect and not the entries
+    themselves: the vLLM adapter leaves them out of the cache map it reports.""",
     source=f"{STKV} FullAttentionManager.cache_blocks / _cache_partial_tail_block",
     chapter=CHAPTER,
     kind="divergence",
@@ -264,3 +267,19 @@ def blocks_to_cache(kind: str, param: int, start: int, end: int, block_size: int
                 continue
         indices.append(index)
     return tuple(indices)
+
+
+@icontract.require(lambda num_prompt_tokens, num_hashes, hash_block_size, block_size:
+                   num_prompt_tokens > 0 and num_hashes >= 0 and hash_block_size > 0
+                   and block_size % hash_block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hash_block_size, block_size:
+                  result == 0 or (result % hash_block_size == 0 and result % block_size != 0), enabled=ENABLED)
+@icontract.ensure(lambda result, num_prompt_tokens: result <= num_prompt_tokens, enabled=ENABLED)
+@defines(KV_HLC_006)
+def partial_tail_boundary(num_prompt_tokens: int, num_hashes: int, hash_block_size: int, block_size: int,
+                          eagle: bool) -> int:
+    """The token count of a prompt's partial tail entry, or 0 when it has none (its last
+    hash boundary is a whole number of blocks)."""
+    limit = num_prompt_tokens if eagle else num_prompt_tokens - 1
+    boundary = min(limit // hash_block_size, num_hashes) * hash_block_size
+    return 0 if boundary % block_size == 0 else boundary

@@ -233,3 +233,28 @@ def test_driver_reports_an_engine_that_raises() -> None:
     with pytest.raises(RuleViolation) as failure:
         driver.apply(Run("a", 2))
     assert failure.value.rule_id == "KV-HLC-001" and "boom" in failure.value.message
+
+
+@given(st.integers(1, 40), st.integers(0, 40), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4]), st.booleans())
+def test_partial_tail_boundary(prompt: int, hashes: int, hash_size: int, scale: int, eagle: bool) -> None:
+    boundary = spec.partial_tail_boundary(prompt, min(hashes, prompt // hash_size), hash_size, hash_size * scale,
+                                          eagle)
+    if scale == 1:
+        assert boundary == 0  # a block of one hash block has no inner boundary
+
+
+def test_partial_tail_orders_the_free_queue() -> None:
+    """KV-HLC-006, found against vLLM 0.33.0: a 3-token prompt with EAGLE leaves block 5 (tokens
+    2..3 of the 2-token group) with a partial entry, so freeing appends it like a cached block."""
+    steps = [LifecycleSetup(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
+             Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")]
+    engine = ReferenceHybridLifecycle()
+    for step in steps[:1]:
+        engine.configure(step.config())
+    engine.add_request("r0", (0, 0, 0))
+    engine.lookup("r0")
+    engine.allocate("r0", 3, 0)
+    engine.advance("r0", 3)
+    engine.free("r0")
+    assert engine.observe().free_queue == (3, 2, 1, 5, 4)
+    replay_lifecycle(ReferenceHybridLifecycle, steps)

@@ -1,0 +1,38 @@
+"""vLLM 0.33.0's real KVCacheManager over hybrid configurations, in the hybrid lifecycle suite."""
+
+from __future__ import annotations
+
+import pytest
+
+pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm.sh)")
+
+from kvoracle.conformance.hybrid_lifecycle import (
+    Arrive,
+    LifecycleSetup,
+    Release,
+    Run,
+    lifecycle_suite,
+    replay_lifecycle,
+)
+from kvoracle.conformance.runner import RunOptions, run_suite
+
+
+def test_partial_tail_entry_orders_the_free_queue_as_specified() -> None:
+    """KV-HLC-006: the case the suite found before the reference modelled partial entries."""
+    replay_lifecycle("vllm", [
+        LifecycleSetup((("full", 1, 0), ("full", 2, 0)), 1, 6, 8, use_eagle=True),
+        Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")])
+
+
+def test_sliding_window_lifecycle_matches() -> None:
+    replay_lifecycle("vllm", [
+        LifecycleSetup((("full", 2, 0), ("sliding_window", 1, 2)), 1, 40, 32),
+        Arrive("a", (1, 2, 3, 0, 1, 2, 3)), Run("a", 3), Run("a", 4), Release("a"),
+        Arrive("b", (1, 2, 3, 0, 1, 2, 3, 3)), Run("b", 8), Release("b", preempted=True)])
+
+
+@pytest.mark.parametrize("seed", [0, 2])
+def test_bounded_suite_passes(seed: int) -> None:
+    result = run_suite("vllm", RunOptions(max_examples=200, seed=seed, replay_dir=None), suite=lifecycle_suite())
+    assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
+                       for o in result.verdicts.outcomes.values() if o.outcome not in ("pass", "not-applicable")]
