@@ -44,13 +44,17 @@ test: $(STAMP) $(TORCH_STAMP)
 
 VENV_VLLM ?= .venv-vllm
 
-## vLLM 0.33.0 on CPU torch (scripts/install_vllm.sh), its adapter's tests, a bounded check.
+## vLLM 0.33.0 on CPU torch (scripts/install_vllm.sh), its adapters' tests, bounded lockstep and
+## hybrid checks (400 lockstep examples: 100 let three broken vLLM engines through).
 test-vllm: $(STAMP)
 	VENV_VLLM=$(VENV_VLLM) bash scripts/install_vllm.sh
 	$(VENV_VLLM)/bin/python -m pip install --quiet "$$(grep '^pytest==' requirements-dev.txt)"
-	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py tests/test_bench_vllm.py
-	$(VENV_VLLM)/bin/kvoracle check --engine vllm --max-examples 100 \
+	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py tests/test_bench_vllm.py \
+		tests/test_hybrid_vllm.py
+	$(VENV_VLLM)/bin/kvoracle check --engine vllm --max-examples 400 \
 		--json build/kvoracle-vllm-report.json
+	$(VENV_VLLM)/bin/kvoracle check --suite hybrid --engine vllm --max-examples 200 \
+		--json build/kvoracle-vllm-hybrid-report.json
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -1,0 +1,208 @@
+"""vLLM 0.33.x's real ``KVCacheManager`` behind the hybrid lookup suite's adapter.
+
+``kvoracle check --suite hybrid --engine vllm`` drives this adapter
+(:class:`kvoracle.conformance.hybrid_lookup.HybridLookupAdapter`): each
+configuration builds a fresh vLLM ``KVCacheManager`` over one KV-cache group
+per kvoracle spec, seeding fills vLLM's own ``BlockPool`` with the operations
+kvoracle's reference performs (``HybridCoordinator.seed_cache``), and a lookup
+is vLLM's ``KVCacheManager.get_computed_blocks``, so the hit length and the
+per-group block ids are vLLM's answer. Block hashes are vLLM's too: every
+prompt becomes a vLLM ``Request`` hashed by ``get_request_block_hasher``.
+
+How the kvoracle specs become vLLM's (``vllm.v1.kv_cache_interface``):
+
+* full attention, sliding window and chunked local attention map to the vLLM
+  class of the same name; ``dtype_bytes`` picks a torch dtype of that width;
+* Mamba maps to ``MambaSpec`` with one state tensor per kvoracle shape and
+  ``mamba_cache_mode="align"``: vLLM's ``MambaManager`` refuses prefix caching
+  in any other mode, and in "align" mode its lookup is kvoracle's KV-MAMBA-001
+  (the rightmost cached block whose end is aligned, behind null blocks), with
+  the EAGLE drop ignored and no EAGLE margin (KV-MAMBA-002);
+* other kinds (MLA, sink, cross attention) are not translated: the hybrid
+  suite does not generate them, and ``configure`` raises ``ValueError``.
+
+Configuration kept off or fixed, because kvoracle does not specify it:
+
+* prefix-cache retention: ``prefix_cache_retention_interval=None`` (dense);
+* fine-grained partial hash hits: ``KVCacheManager`` has no switch for them
+  (``HybridKVCacheCoordinator`` is built with ``allow_partial_hash_hits=True``),
+  but vLLM turns them on only when a Mamba group in "align" mode has a block size
+  larger than the hash block size (``partial_hash_hits_enabled``). kvoracle's
+  ``HybridConfig`` rejects exactly that (KV-MAMBA-003), so they are off in every
+  configuration the suite builds; ``configure`` checks the coordinator's flag and
+  refuses to go on if vLLM turned them on anyway;
+* EAGLE: ``use_eagle`` from the config, with no group flagged ``is_eagle_group``,
+  so vLLM flags every group (its fallback), as kvoracle's spec does;
+* KV-cache events, metrics, prompt logprobs, connectors, DCP/PCP: unused.
+
+One vLLM constraint shapes the hashes: with a single KV-cache group vLLM uses
+its ``UnitaryKVCacheCoordinator``, which requires ``hash_block_size`` to equal
+the group's block size (vLLM's engine resolves it so). For a one-group
+configuration the adapter therefore hashes at the group's block size. Whether a
+block is cached depends only on the prefix it ends, so the cached blocks, the
+hit and the block ids are the same as with finer hashes; only the reference's
+``num_hashed_tokens`` (the EAGLE margin's cap) could differ, and the unitary
+coordinator applies no EAGLE margin -- the suite never builds a one-group
+EAGLE configuration.
+
+vLLM is imported when the adapter is built, never when this module is
+imported. Install it with ``scripts/install_vllm.sh``.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any
+
+from kvoracle.reference.hybrid import HybridConfig
+from kvoracle.reference.kv_cache_spec import (
+    ChunkedLocalAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+
+from ..adapter import Lookup
+from . import EngineLoadError
+from .vllm import INSTALL_HINT, _load_vllm
+
+_HYBRID: SimpleNamespace | None = None
+
+
+def _load() -> SimpleNamespace:
+    """vLLM's modules for the lockstep adapter plus the spec classes a hybrid model needs."""
+    global _HYBRID
+    if _HYBRID is not None:
+        return _HYBRID
+    base = _load_vllm()  # imports vLLM once and refuses other release lines
+    try:
+        from vllm.v1.kv_cache_interface import (
+            ChunkedLocalAttentionSpec as VllmChunkedLocal,
+        )
+        from vllm.v1.kv_cache_interface import MambaSpec as VllmMamba
+        from vllm.v1.kv_cache_interface import SlidingWindowSpec as VllmSlidingWindow
+    except ImportError as error:
+        raise EngineLoadError(f"engine 'vllm': vllm {base.version} is incomplete ({error}); "
+                              f"{INSTALL_HINT}") from error
+    _HYBRID = SimpleNamespace(**vars(base), SlidingWindowSpec=VllmSlidingWindow,
+                              ChunkedLocalAttentionSpec=VllmChunkedLocal, MambaSpec=VllmMamba)
+    return _HYBRID
+
+
+def _layer_name(group_id: int) -> str:
+    return f"model.layers.{group_id}.attn"
+
+
+class VllmHybridLookup:
+    """Hybrid prefix-cache lookups of vLLM 0.33.x's ``KVCacheManager``.
+
+    ``self.manager`` is the vLLM manager of the current configuration.
+    """
+
+    name = "vllm"
+
+    def __init__(self) -> None:
+        self.vllm = _load()
+        self.config: HybridConfig | None = None
+        self.manager: Any = None
+        #: The block size vLLM hashes at (see the module docstring for one group).
+        self.hash_block_size = 0
+        self._hasher: Any = None
+        self._ids = itertools.count()
+
+    def version(self) -> str:
+        return self.vllm.version
+
+    # -- configuration -------------------------------------------------------------------
+    def _dtype(self, num_bytes: int) -> Any:
+        torch = self.vllm.torch
+        dtypes = {1: torch.int8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
+        if num_bytes not in dtypes:
+            raise ValueError(f"no torch dtype of {num_bytes} bytes for a vLLM spec")
+        return dtypes[num_bytes]
+
+    def vllm_spec(self, kv_spec: KVCacheSpec) -> Any:
+        """vLLM's ``kv_cache_interface`` spec for one kvoracle spec."""
+        v = self.vllm
+        common = {"block_size": kv_spec.block_size, "num_kv_heads": kv_spec.num_kv_heads,
+                  "head_size": kv_spec.head_size, "dtype": self._dtype(kv_spec.dtype_bytes),
+                  "page_size_padded": kv_spec.page_size_padded}
+        if type(kv_spec) is FullAttentionSpec and not kv_spec.use_mla:
+            return v.FullAttentionSpec(**common, sliding_window=kv_spec.sliding_window,
+                                       attention_chunk_size=kv_spec.attention_chunk_size)
+        if type(kv_spec) is SlidingWindowSpec:
+            return v.SlidingWindowSpec(**common, sliding_window=kv_spec.sliding_window,
+                                       extra_retained_tokens=kv_spec.extra_retained_tokens)
+        if type(kv_spec) is ChunkedLocalAttentionSpec:
+            return v.ChunkedLocalAttentionSpec(**common, attention_chunk_size=kv_spec.attention_chunk_size)
+        if type(kv_spec) is MambaSpec:
+            return v.MambaSpec(
+                block_size=kv_spec.block_size, shapes=kv_spec.shapes,
+                dtypes=tuple(self._dtype(n) for n in kv_spec.state_dtype_bytes),
+                page_size_padded=kv_spec.page_size_padded, mamba_cache_mode=kv_spec.mamba_cache_mode,
+                num_speculative_blocks=kv_spec.num_speculative_blocks,
+                num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks)
+        raise ValueError(f"the vLLM hybrid adapter does not translate {type(kv_spec).__name__}"
+                         f"{' (MLA)' if getattr(kv_spec, 'use_mla', False) else ''}")
+
+    def configure(self, config: HybridConfig) -> None:
+        v = self.vllm
+        if not getattr(config, "enable_caching", True):
+            raise ValueError("the hybrid lookup adapter needs prefix caching (enable_caching=True)")
+        # The seed of vLLM's hash chain: fixed for SHA-256, so equal on every call.
+        v.utils.init_none_hash(v.sha256)
+        groups = [v.KVCacheGroupSpec([_layer_name(g)], self.vllm_spec(kv_spec))
+                  for g, kv_spec in enumerate(config.kv_cache_specs)]
+        kv_cache_config = v.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
+                                          kv_cache_groups=groups, prefix_cache_retention_interval=None)
+        single = len(groups) == 1
+        self.hash_block_size = config.kv_cache_specs[0].block_size if single else config.hash_block_size
+        self.manager = v.KVCacheManager(
+            kv_cache_config,
+            max_model_len=config.max_model_len,
+            scheduler_block_size=config.scheduler_block_size,
+            hash_block_size=self.hash_block_size,
+            enable_caching=True,
+            use_eagle=config.use_eagle,
+            enable_kv_cache_events=False,
+        )
+        if self.manager.coordinator.enable_partial_hash_hits:
+            raise ValueError("vLLM enabled fine-grained partial hash hits for this configuration; "
+                             "kvoracle does not specify them (KV-MAMBA-003)")
+        self._hasher = v.utils.get_request_block_hasher(self.hash_block_size, v.sha256)
+        self.config = config
+
+    # -- operations ----------------------------------------------------------------------
+    def request(self, prompt_tokens: Sequence[int]) -> Any:
+        """A fresh vLLM request for the prompt, its block hashes computed by vLLM."""
+        assert self.config is not None
+        v = self.vllm
+        return v.Request(f"hybrid-{next(self._ids)}", list(prompt_tokens),
+                         sampling_params=v.SamplingParams(max_tokens=self.config.max_model_len),
+                         pooling_params=None, block_hasher=self._hasher)
+
+    def seed_cache(self, prompt_tokens: Sequence[int], group_id: int, mask: Sequence[bool]) -> None:
+        assert self.config is not None
+        size = self.config.kv_cache_specs[group_id].block_size
+        request = self.request(prompt_tokens)
+        num_view_blocks = len(request.block_hashes) * self.hash_block_size // size
+        if len(mask) > num_view_blocks:
+            raise ValueError(f"mask covers {len(mask)} blocks but the prompt hashes only "
+                             f"{num_view_blocks} of group {group_id}")
+        length = max((j + 1 for j, keep in enumerate(mask) if keep), default=0)
+        if length == 0:
+            return
+        pool = self.manager.block_pool
+        blocks = pool.get_new_blocks(length)
+        pool.cache_full_blocks(request=request, blocks=blocks, num_cached_blocks=0,
+                               num_full_blocks=length, block_size=size, kv_cache_group_id=group_id,
+                               block_mask=[bool(keep) for keep in mask[:length]])
+        pool.free_blocks(reversed(blocks))  # a finished request: table tail first
+
+    def lookup(self, prompt_tokens: Sequence[int], max_cache_hit_length: int | None = None) -> Lookup:
+        blocks, num_tokens, _shared_prefix_boundary = self.manager.get_computed_blocks(
+            self.request(prompt_tokens), max_cache_hit_length)
+        return Lookup(tuple(tuple(ids) for ids in blocks.get_block_ids()), num_tokens)
