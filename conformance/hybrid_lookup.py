@@ -175,25 +175,43 @@ def _lcm(sizes: Sequence[int]) -> int:
 
 @st.composite
 def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
-    """Valid hybrid configurations (HybridConfig's rules) and prompts that share prefixes."""
-    hash_size = draw(st.sampled_from([1, 2, 4]), label="hash_block_size")
+    """Valid hybrid configurations (HybridConfig's rules) and prompts that share prefixes.
+
+    Biased towards the states where a coordinator's bugs show: hash block size 1 half the
+    time, two or three groups, often every group at the hash block size (the alignment is
+    then one block, so the loop can stop on any block and a Mamba group can answer one
+    block past the candidate, KV-MAMBA-002), and prompts of several aligned blocks.
+    """
+    hash_size = draw(st.sampled_from([1, 1, 2, 4]), label="hash_block_size")
     eagle = draw(st.booleans(), label="use_eagle")
     # Sliding windows twice as often: most named loop behaviours (KV-SWA-001/003/010, KV-HYB-009)
     # need one.
     kinds = [*spec.LOOKUP_KINDS, spec.SLIDING_WINDOW] if not eagle else [
         spec.FULL, spec.SLIDING_WINDOW, spec.SLIDING_WINDOW, spec.MAMBA]
     # EAGLE matters only when the loop takes several passes: two groups at least.
-    count = draw(st.integers(2 if eagle else 1, 4), label="num_groups")
+    count = draw(st.sampled_from([2, 3, 3, 3, 4] if eagle else [1, 2, 2, 3, 3, 4]), label="num_groups")
+    # Every group at the hash block size a third of the time, else mostly small multiples.
+    uniform = draw(st.integers(0, 2), label="uniform_block_size") == 0
     drafts = []
     for _ in range(count):
         kind = draw(st.sampled_from(kinds), label="kind")
-        size = hash_size if kind == spec.MAMBA else hash_size * draw(st.sampled_from([1, 2, 3, 4]))
-        drafts.append([kind, size, 0])
-    if count >= 3 and draw(st.booleans(), label="two_full_specs"):
+        scale = 1 if uniform or kind == spec.MAMBA else draw(st.sampled_from([1, 1, 2, 3, 4]), label="scale")
+        drafts.append([kind, hash_size * scale, 0])
+    if count == 2 and uniform and draw(st.booleans(), label="full_and_other"):
+        # Full attention and one other group, one block size: the loop's single pass
+        # (KV-HYB-005), in which the other group alone decides the hit -- a Mamba group
+        # answering past the candidate (KV-MAMBA-002) or a window scan (KV-SWA-001).
+        drafts[0][0] = spec.FULL
+        drafts[1][0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="other kind")
+    if count >= 3 and draw(st.integers(0, 2), label="two_full_specs") > 0:
         # Two full-attention spec groups (different block sizes) before others that can
         # shrink the hit: only then can a coordinator forget to trim the second (KV-HYB-006).
         drafts[0][:2] = [spec.FULL, hash_size]
         drafts[1][:2] = [spec.FULL, 2 * hash_size]
+        for draft in drafts[2:]:
+            if draft[0] == spec.FULL:
+                draft[0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="shrinking kind")
+                draft[1] = hash_size if draft[0] == spec.MAMBA else draft[1]
     # Chunked local attention must use the scheduler block size (KV-CHUNK-003).
     others = [size for kind, size, _ in drafts if kind != spec.CHUNKED_LOCAL]
     alignment = _lcm([hash_size, *others]) if others else hash_size * draw(st.sampled_from([1, 2]))
@@ -204,27 +222,30 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
         elif draft[0] == spec.SLIDING_WINDOW:
             # Windows 1..16, often one past a multiple of the block size, where
             # cdiv(window, b) != cdiv(window - 1, b) (KV-SWA-001).
-            draft[2] = draw(st.integers(1, 16) | st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 4)),
-                            label="window")
+            # Small windows as often: a run of a few blocks is what a mostly cached group has.
+            draft[2] = draw(st.integers(1, 16) | st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 4))
+                            | st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 2)), label="window")
     groups = tuple(tuple(d) for d in drafts)
-    if draw(st.booleans(), label="duplicate_group"):  # equal specs share a spec group (KV-HYB-002)
+    if draw(st.integers(0, 3), label="duplicate_group") == 0:  # equal specs share a spec group (KV-HYB-002)
         groups = (*groups, draw(st.sampled_from(groups)))
-    # Prompts: a few prefixes, each extended by random suffixes, so prefixes collide.
+    # Prompts: a few prefixes, each extended by random suffixes, so prefixes collide. Hits
+    # are multiples of the alignment: prefixes span several aligned blocks, and at least
+    # a dozen tokens where the alignment is small.
     tokens = st.integers(0, 3)
-    # Hits are multiples of the alignment: most prefixes span at least one aligned block.
-    prefixes = draw(st.lists(st.integers(0, 4).flatmap(
+    most_blocks = max(4, 12 // alignment)
+    prefixes = draw(st.lists(st.integers(1, most_blocks).flatmap(
         lambda k: st.lists(tokens, min_size=k * alignment, max_size=k * alignment + alignment)),
         min_size=1, max_size=3))
     prompts = []
-    for _ in range(draw(st.integers(2, 5), label="num_prompts")):
+    for _ in range(draw(st.integers(1, 4), label="num_prompts")):
         prefix = draw(st.sampled_from(prefixes))
         suffix = draw(st.lists(tokens, min_size=1, max_size=2 * alignment))
         prompts.append(tuple(prefix + suffix))
     most = max(len(p) for p in prompts) // hash_size
     # A pool that holds every seed, or a small one in which seeding evicts earlier seeds.
-    large = max(2, 1 + most * len(groups) * len(prompts) * 4)
+    large = max(2, 1 + most * len(groups) * len(prompts) * 2)
     small = st.integers(2, max(3, most + 1))
-    num_blocks = draw(st.sampled_from([large, large, 0]).flatmap(lambda n: st.just(n) if n else small),
+    num_blocks = draw(st.sampled_from([large, large, large, 0]).flatmap(lambda n: st.just(n) if n else small),
                       label="num_blocks")
     return HybridSetup(groups, hash_size, num_blocks, eagle, tuple(prompts))
 
@@ -234,7 +255,8 @@ def _masks(length: int) -> st.SearchStrategy[tuple[bool, ...]]:
     sparse = st.lists(st.booleans(), min_size=0, max_size=length).map(tuple)
     holes = st.tuples(st.integers(0, length), st.sets(st.integers(0, max(length - 1, 0)), max_size=2)).map(
         lambda kh: tuple(i not in kh[1] for i in range(kh[0])))
-    return dense | sparse | holes
+    mostly = st.lists(MOSTLY_TRUE, min_size=length, max_size=length).map(tuple)
+    return dense | sparse | holes | mostly
 
 
 # -- judging -------------------------------------------------------------------------------
@@ -334,6 +356,16 @@ class HybridDriver:
             entries = got.block_ids[g]
             last_bound, drop = loop[4][index]
             nulls = spec.num_null_hit_blocks(kind, len(entries), last_bound, drop, size, param)
+            if flat[index][3] and not drop and kind != spec.MAMBA and _null_pattern(entries) != nulls:
+                # Wrong nulls in a group the loop had already verified, exactly where a lookup
+                # that drops its EAGLE block again (bound one block further) puts them: a
+                # second drop, named KV-HYB-007 like a wrong hit with EAGLE.
+                again = spec.num_null_hit_blocks(kind, len(entries), min(last_bound + size, num_hashed),
+                                                 True, size, param)
+                check("KV-HYB-007", _null_pattern(entries) != again,
+                      lambda entries=entries, nulls=nulls, g=g, kind=kind: f"{kind} group {g} answers "
+                      f"{list(entries)}: the null entries of an EAGLE drop repeated after the group was "
+                      f"verified; want {nulls} null entries first (id {NULL_BLOCK_ID})")
             check("KV-HYB-013", all((b == NULL_BLOCK_ID) == (j < nulls) for j, b in enumerate(entries)),
                   lambda entries=entries, nulls=nulls, g=g, kind=kind: f"{kind} group {g} answers "
                   f"{list(entries)}; want {nulls} null entries (id {NULL_BLOCK_ID}) first and none after")
@@ -380,6 +412,12 @@ class HybridDriver:
                 (["KV-SWA-010"] if swa_misaligned else []) + (["KV-HYB-009"] if eagle_swa else []))
             for name in names or ["unnamed"]:
                 self.divergences[name] = self.divergences.get(name, 0) + 1
+
+
+def _null_pattern(entries: Sequence[int]) -> int | None:
+    """How many leading entries are the null block, or None if a null entry follows a real one."""
+    leading = next((j for j, b in enumerate(entries) if b != NULL_BLOCK_ID), len(entries))
+    return leading if NULL_BLOCK_ID not in entries[leading:] else None
 
 
 #: Divergences of the spec's loop from the declarative hit, over a whole run (for the report).
@@ -430,15 +468,18 @@ class HybridLookupMachine(RuleBasedStateMachine):
         dense = st.integers(0, hash_blocks).map(lambda k: (True,) * k)
         mask = data.draw(dense | dense | _masks(hash_blocks), label="hash mask")
         self.seeded.append(prompt)
-        # Or each group its own random holes: the EAGLE peek and sliding-window runs then
-        # differ between groups, which is what makes the loop take several passes.
-        independent = data.draw(st.booleans(), label="independent masks")
+        # Or (two times in three) each group its own random holes, four in five blocks cached:
+        # the EAGLE peek and sliding-window runs then differ between groups, which is what
+        # makes the loop take several passes and the groups' answers differ.
+        independent = data.draw(st.integers(0, 2), label="independent masks") > 0
         for group, (_, size, _) in enumerate(setup.groups):
             per = size // setup.hash_block_size
             length = min(tokens // size, setup.num_blocks - 1)
             if independent:
-                self.driver.apply(Seed(prompt, group, tuple(data.draw(
-                    st.lists(MOSTLY_TRUE, min_size=length, max_size=length), label="mask"))))
+                # A group now and then wholly cached: the others then decide the hit.
+                holes = st.lists(MOSTLY_TRUE, min_size=length, max_size=length).map(tuple)
+                whole = st.just((True,) * length)
+                self.driver.apply(Seed(prompt, group, data.draw(holes | holes | whole, label="mask")))
                 continue
             self.driver.apply(Seed(prompt, group, tuple(
                 all(mask[j * per:(j + 1) * per]) and len(mask) >= (j + 1) * per for j in range(length))))
@@ -447,15 +488,22 @@ class HybridLookupMachine(RuleBasedStateMachine):
     @rule(data=st.data())
     def look_up(self, data: st.DataObject) -> None:
         setup = self.driver.setup
-        # Mostly a prompt seeded in every group, or one sharing its prefix: those can hit.
-        prompt = data.draw(st.sampled_from(self.seeded) if self.seeded and data.draw(st.booleans())
+        # Mostly (four times in five) a prompt seeded in every group: those can hit.
+        seeded = self.seeded and data.draw(st.integers(0, 4), label="a seeded prompt") > 0
+        prompt = data.draw(st.sampled_from(self.seeded) if seeded
                            else st.integers(0, len(setup.prompts) - 1), label="prompt")
-        bound = data.draw(st.none() | st.none() | st.integers(0, len(setup.prompts[prompt])), label="bound")
+        # Or bounded, now and then to a few aligned blocks: every group then tends to accept the whole
+        # bound, and a group answering past it (KV-MAMBA-002) shows.
+        tokens = len(setup.prompts[prompt])
+        near = min(tokens, 3 * _lcm([size for _, size, _ in setup.groups]))
+        bound = data.draw(st.none() | st.none() | st.none() | st.integers(0, tokens) | st.integers(0, near),
+                          label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
+    @precondition(lambda self: not self._alive())
     @rule()
     def idle(self) -> None:
-        pass  # lets Hypothesis finish an example whose engine is dead
+        pass  # lets Hypothesis finish an example whose engine is dead (no other rule runs)
 
     def teardown(self) -> None:
         for name, count in self.driver.divergences.items():

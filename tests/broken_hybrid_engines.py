@@ -83,7 +83,8 @@ class EagleDropEveryPass(ReferenceHybridLookup):
 # -- (ii) only the first full-attention spec group is trimmed to the final hit ---------------------
 class _TrimFirstFullOnly(_Unchecked):
     def num_hit_blocks(self, index: int, hit: int, lengths: tuple[int, ...]) -> int:
-        first_full = next(i for i, group in enumerate(self.spec_groups) if group.kind == spec.FULL)
+        # (A model without full attention has no first full group: nothing to forget.)
+        first_full = next((i for i, group in enumerate(self.spec_groups) if group.kind == spec.FULL), None)
         if self.spec_groups[index].kind == spec.FULL and index != first_full:
             return lengths[index] // self.spec_groups[index].kv_cache_spec.block_size
         return super().num_hit_blocks(index, hit, lengths)

@@ -4,11 +4,17 @@ Each broken adapter (tests/broken_hybrid_engines.py) is replayed, through the su
 own driver, on a small cache state where its bug shows (found by random search over
 seeds and lookups), and must fail with its rule. The reference must pass the
 generated suite. (Running the broken adapters through ``kvoracle check --suite
-hybrid`` convicts them only for some seeds: the generator reaches these states too
-rarely -- see docs/results.md.)
+hybrid`` convicted them only for some seeds before the generator was biased towards
+these states; the slow tests at the end run the CLI on each -- see docs/results.md.)
 """
 
 from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import broken_hybrid_engines
 import pytest
@@ -17,6 +23,7 @@ from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, Seed, hybrid
 from kvoracle.conformance.runner import RunOptions, run_suite
 from kvoracle.conformance.verdicts import RuleViolation
 
+TESTS = Path(__file__).parent
 T, F = True, False
 STATES = {
     "EagleDropEveryPass": [
@@ -74,3 +81,70 @@ def test_hybrid_replay_file_is_a_runnable_pytest_module(tmp_path) -> None:
     assert namespace["STEPS"] == steps
     with pytest.raises(RuleViolation, match="KV-MAMBA-002"):
         namespace[f"test_{path.stem[5:]}"]()
+
+
+# -- the generated suite, through the CLI ------------------------------------------------------
+#: Seed and budget of the CLI runs below: each broken adapter is convicted of its rule
+#: within these (contracts off, as an engine author's run of a foreign engine would judge it).
+#: Not every seed finds every adapter within this budget (docs/results.md): the seeds are
+#: fixed ones that do, so that a weaker generator shows here as a failure.
+CLI_SEEDS = {"EagleDropEveryPass": "1"}
+CLI_MAX_EXAMPLES = "150"
+CLI_MAX_ROUNDS = "4"
+
+
+@pytest.fixture(scope="module")
+def hybrid_cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    """``kvoracle check --suite hybrid`` on every broken adapter, two at a time (two cores)."""
+    root = tmp_path_factory.mktemp("hybrid-meta")
+    env = {**os.environ, "KVORACLE_CONTRACTS": "0"}
+    results: dict[str, dict] = {}
+    engines = sorted(broken_hybrid_engines.EXPECTED)
+    for batch in (engines[:2], engines[2:]):
+        running = {}
+        for engine in batch:
+            report, replays = root / f"{engine}.json", root / f"replays-{engine}"
+            command = [sys.executable, "-m", "kvoracle", "check", "--suite", "hybrid",
+                       "--engine", f"broken_hybrid_engines:{engine}", "--seed", CLI_SEEDS.get(engine, "0"),
+                       "--max-examples", CLI_MAX_EXAMPLES, "--max-rounds", CLI_MAX_ROUNDS,
+                       "--json", str(report), "--replay-dir", str(replays)]
+            running[engine] = (subprocess.Popen(command, cwd=TESTS, env=env, stdout=subprocess.PIPE,
+                                                stderr=subprocess.STDOUT, text=True), report)
+        for engine, (process, report) in running.items():
+            output, _ = process.communicate(timeout=600)
+            assert report.exists(), f"{engine}: no JSON report\n{output}"
+            data = json.loads(report.read_text())
+            results[engine] = {"returncode": process.returncode, "output": output, "report": data,
+                               "rules": {r["id"]: r for r in data["rules"]}}
+    return results
+
+
+#: Known gap: the Mamba-margin adapter's wrong hits also fail KV-HYB-007 and crash its
+#: block fetch (KV-HYB-003 engine error); every rule violation raises from the same line,
+#: so Hypothesis shrinks a KV-MAMBA-002 counterexample into a KV-HYB-007 one, and the
+#: KV-MAMBA-002 failures are counted without a counterexample of their own.
+_MAMBA_GAP = pytest.mark.xfail(strict=True, reason="KV-MAMBA-002 shrinks into KV-HYB-007 (same failure origin)")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("engine", [pytest.param(e, marks=_MAMBA_GAP) if e == "MambaEagleMargin" else e
+                                    for e in sorted(broken_hybrid_engines.EXPECTED)])
+def test_generated_hybrid_suite_convicts_broken_lookup(hybrid_cli_runs: dict, engine: str) -> None:
+    """The generated suite finds each broken adapter by itself, with its rule, and the
+    replay file it writes fails with that rule."""
+    run = hybrid_cli_runs[engine]
+    expected_rule = broken_hybrid_engines.EXPECTED[engine]
+    rule = run["rules"][expected_rule]
+    assert run["returncode"] == 1, run["output"]
+    assert run["report"]["internal_errors"] == []
+    assert rule["outcome"] == "fail", (expected_rule, rule["outcome"], run["output"])
+    assert rule["counterexamples"], f"{expected_rule} failed without a counterexample\n{run['output']}"
+    example = rule["counterexamples"][0]
+    assert example["steps"][0].startswith("HybridSetup(")
+    replay = Path(example["replay"])
+    assert replay.exists()
+    namespace: dict = {}
+    exec(compile(replay.read_text(), str(replay), "exec"), namespace)
+    with pytest.raises(RuleViolation) as caught:
+        namespace[f"test_{replay.stem[5:]}"]()
+    assert caught.value.rule_id == expected_rule, caught.value
