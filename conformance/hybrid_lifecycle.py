@@ -32,8 +32,6 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
 
-from kvoracle import __version__
-from kvoracle.reference import KVCacheBlocks, Request, RequestStatus
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.hybrid_manager import HybridKVCacheManager
 from kvoracle.reference.kv_cache_spec import (
@@ -50,6 +48,7 @@ from kvoracle.spec.lifecycle import cdiv
 
 from .adapter import Capabilities, Lookup, Observation
 from .engines import load_engine
+from .engines.reference import ReferenceEngine
 from .lockstep import RULE_ID_IN_TEXT
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
@@ -107,75 +106,13 @@ class HybridLifecycleAdapter(Protocol):
         cache map keyed by (kvoracle prefix hash, group id)."""
 
 
-class ReferenceHybridLifecycle:
-    """kvoracle's reference hybrid manager behind :class:`HybridLifecycleAdapter`."""
+class ReferenceHybridLifecycle(ReferenceEngine):
+    """kvoracle's reference hybrid manager behind :class:`HybridLifecycleAdapter`: the
+    single-group reference adapter over :class:`HybridKVCacheManager` (requests, hits,
+    scheduling bookkeeping and observation are the same)."""
 
-    name = "reference"
-    manager_class: type[HybridKVCacheManager] = HybridKVCacheManager
-
-    def __init__(self) -> None:
-        self.manager: HybridKVCacheManager | None = None
-        self.requests: dict[str, Request] = {}
-        self.last_hit: dict[str, KVCacheBlocks] = {}
-
-    def version(self) -> str:
-        return __version__
-
-    def configure(self, config: HybridConfig) -> None:
-        self.manager = self.manager_class(config)
-        self.requests = {}
-        self.last_hit = {}
-
-    def add_request(self, request_id: str, prompt: Sequence[int]) -> None:
-        assert self.manager is not None
-        self.requests[request_id] = Request(request_id, tuple(prompt), self.manager.config.hash_block_size)
-
-    def lookup(self, request_id: str) -> Lookup:
-        assert self.manager is not None
-        blocks, hit = self.manager.get_computed_blocks(self.requests[request_id])
-        self.last_hit[request_id] = blocks
-        return Lookup(blocks.get_block_ids(), hit)
-
-    def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
-                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
-                 num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
-        assert self.manager is not None
-        request = self.requests[request_id]
-        hit = self.last_hit.pop(request_id, None) if num_new_computed_tokens else None
-        result = self.manager.allocate_slots(request, num_new_tokens, num_new_computed_tokens, hit,
-                                             num_lookahead_tokens, delay_cache_blocks, num_encoder_tokens)
-        if result is None:
-            return None
-        if request.status is not RequestStatus.RUNNING:
-            request.status = RequestStatus.RUNNING
-            request.num_computed_tokens += num_new_computed_tokens
-        return result.get_block_ids()
-
-    def advance(self, request_id: str, num_tokens: int) -> None:
-        self.requests[request_id].num_computed_tokens += num_tokens
-
-    def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None:
-        self.requests[request_id].append_output_token_ids(list(tokens))
-
-    def free(self, request_id: str, preempted: bool = False) -> None:
-        assert self.manager is not None
-        request = self.requests[request_id]
-        self.manager.free(request)
-        if preempted:
-            request.status = RequestStatus.PREEMPTED
-            request.num_computed_tokens = 0
-        else:
-            del self.requests[request_id]
-
-    def observe(self) -> Observation:
-        manager = self.manager
-        assert manager is not None
-        pool = manager.pool
-        return Observation(
-            num_free_blocks=pool.num_free_blocks(), usage=pool.usage(),
-            block_tables={rid: manager.get_block_ids(rid) for rid in manager.requests()},
-            free_queue=pool.free_queue.block_ids(), ref_counts=pool.ref_counts(),
-            cached={key: tuple(blocks) for key, blocks in pool.cached.items()})
+    def make_manager(self, config: HybridConfig) -> HybridKVCacheManager:  # type: ignore[override]
+        return HybridKVCacheManager(config)
 
 
 # -- steps ---------------------------------------------------------------------------------

@@ -158,8 +158,15 @@ class KVCacheManager:
         new_computed_blocks: KVCacheBlocks | None = None,
         num_lookahead_tokens: int = 0,
         delay_cache_blocks: bool = False,
+        num_encoder_tokens: int = 0,
     ) -> KVCacheBlocks | None:
-        """Give ``request`` slots for its hit, its new tokens and its lookahead tokens."""
+        """Give ``request`` slots for its hit, its new tokens and its lookahead tokens.
+
+        ``num_encoder_tokens`` must be 0: one full-attention group has no cross attention.
+        """
+        if num_encoder_tokens:
+            raise ValueError("KV-CROSS-001: num_encoder_tokens needs a cross-attention group; "
+                             f"this manager has one full-attention group (got {num_encoder_tokens})")
         for name, value in (("num_new_tokens", num_new_tokens),
                             ("num_new_computed_tokens", num_new_computed_tokens),
                             ("num_lookahead_tokens", num_lookahead_tokens)):
@@ -216,6 +223,10 @@ class KVCacheManager:
     def get_num_common_prefix_blocks_cascade(self, request_id: str) -> list[int]:
         """KV-LIFE-011: the seed's cascade-attention count, per group."""
         return [m.num_common_prefix_blocks(request_id) for m in self.coordinator.managers]
+
+    def requests(self) -> set[str]:
+        """Requests holding a block table."""
+        return self.coordinator.requests()
 
     def get_block_ids(self, request_id: str) -> tuple[tuple[int, ...], ...]:
         return tuple(tuple(b.block_id for b in t)

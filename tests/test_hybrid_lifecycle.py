@@ -185,7 +185,8 @@ def _engine(groups_class: type[GroupTables]) -> type[ReferenceHybridLifecycle]:
             self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
                                              g.eagle) for g in self.groups)
 
-    return type(f"Broken_{groups_class.__name__}", (ReferenceHybridLifecycle,), {"manager_class": Manager})
+    return type(f"Broken_{groups_class.__name__}", (ReferenceHybridLifecycle,),
+                {"make_manager": lambda self, config: Manager(config)})
 
 
 #: Fixed step lists that expose each bug, and the rule each must be convicted of.
@@ -249,8 +250,7 @@ def test_partial_tail_orders_the_free_queue() -> None:
     steps = [LifecycleSetup(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
              Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")]
     engine = ReferenceHybridLifecycle()
-    for step in steps[:1]:
-        engine.configure(step.config())
+    engine.configure(steps[0].config())
     engine.add_request("r0", (0, 0, 0))
     engine.lookup("r0")
     engine.allocate("r0", 3, 0)

@@ -57,14 +57,15 @@ class ReferenceEngine:
         return Lookup(blocks.get_block_ids(), num_tokens)
 
     def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
-                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
-                 ) -> tuple[tuple[int, ...], ...] | None:
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
+                 num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
         assert self.manager is not None
         request = self.requests[request_id]
         hit = self.last_hit.pop(request_id, None) if num_new_computed_tokens else None
         result = self.manager.allocate_slots(
             request, num_new_tokens, num_new_computed_tokens, hit,
-            num_lookahead_tokens=num_lookahead_tokens, delay_cache_blocks=delay_cache_blocks)
+            num_lookahead_tokens=num_lookahead_tokens, delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=num_encoder_tokens)
         if result is None:
             return None
         if request.status is not RequestStatus.RUNNING:
@@ -107,11 +108,10 @@ class ReferenceEngine:
         manager = self.manager
         assert manager is not None
         pool = manager.pool
-        coordinator = manager.coordinator
         return Observation(
             num_free_blocks=pool.num_free_blocks(),
             usage=pool.usage(),
-            block_tables={rid: manager.get_block_ids(rid) for rid in coordinator.requests()},
+            block_tables={rid: manager.get_block_ids(rid) for rid in manager.requests()},
             free_queue=pool.free_queue.block_ids(),
             ref_counts=pool.ref_counts(),
             cached={key: tuple(blocks) for key, blocks in pool.cached.items()},

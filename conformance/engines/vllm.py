@@ -180,8 +180,8 @@ class VllmEngine:
         return Lookup(_ids(blocks.get_block_ids()), num_tokens)
 
     def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
-                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
-                 ) -> tuple[tuple[int, ...], ...] | None:
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
+                 num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
         request = self.requests[request_id]
         hit = self.last_hit.pop(request_id, None)
         # The scheduler hands a waiting request its lookup result; a zero hit is the
@@ -189,7 +189,8 @@ class VllmEngine:
         result = self.manager.allocate_slots(
             request, num_new_tokens, num_new_computed_tokens,
             hit if num_new_computed_tokens else None,
-            num_lookahead_tokens=num_lookahead_tokens, delay_cache_blocks=delay_cache_blocks)
+            num_lookahead_tokens=num_lookahead_tokens, delay_cache_blocks=delay_cache_blocks,
+            num_encoder_tokens=num_encoder_tokens)
         if result is None:
             return None
         status = self.vllm.RequestStatus

@@ -59,6 +59,7 @@ from typing import Any
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.kv_cache_spec import (
     ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
     MambaSpec,
@@ -82,18 +83,54 @@ def _load() -> SimpleNamespace:
         from vllm.v1.kv_cache_interface import (
             ChunkedLocalAttentionSpec as VllmChunkedLocal,
         )
+        from vllm.v1.kv_cache_interface import CrossAttentionSpec as VllmCrossAttention
         from vllm.v1.kv_cache_interface import MambaSpec as VllmMamba
         from vllm.v1.kv_cache_interface import SlidingWindowSpec as VllmSlidingWindow
     except ImportError as error:
         raise EngineLoadError(f"engine 'vllm': vllm {base.version} is incomplete ({error}); "
                               f"{INSTALL_HINT}") from error
     _HYBRID = SimpleNamespace(**vars(base), SlidingWindowSpec=VllmSlidingWindow,
-                              ChunkedLocalAttentionSpec=VllmChunkedLocal, MambaSpec=VllmMamba)
+                              ChunkedLocalAttentionSpec=VllmChunkedLocal, MambaSpec=VllmMamba,
+                              CrossAttentionSpec=VllmCrossAttention)
     return _HYBRID
 
 
 def _layer_name(group_id: int) -> str:
     return f"model.layers.{group_id}.attn"
+
+
+def _dtype(v: SimpleNamespace, num_bytes: int) -> Any:
+    torch = v.torch
+    dtypes = {1: torch.int8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
+    if num_bytes not in dtypes:
+        raise ValueError(f"no torch dtype of {num_bytes} bytes for a vLLM spec")
+    return dtypes[num_bytes]
+
+
+def vllm_spec(v: SimpleNamespace, kv_spec: KVCacheSpec) -> Any:
+    """vLLM's ``kv_cache_interface`` spec for one kvoracle spec (``v`` from :func:`_load`)."""
+    common = {"block_size": kv_spec.block_size, "num_kv_heads": kv_spec.num_kv_heads,
+              "head_size": kv_spec.head_size, "dtype": _dtype(v, kv_spec.dtype_bytes),
+              "page_size_padded": kv_spec.page_size_padded}
+    if type(kv_spec) is FullAttentionSpec and not kv_spec.use_mla:
+        return v.FullAttentionSpec(**common, sliding_window=kv_spec.sliding_window,
+                                   attention_chunk_size=kv_spec.attention_chunk_size)
+    if type(kv_spec) is SlidingWindowSpec:
+        return v.SlidingWindowSpec(**common, sliding_window=kv_spec.sliding_window,
+                                   extra_retained_tokens=kv_spec.extra_retained_tokens)
+    if type(kv_spec) is ChunkedLocalAttentionSpec:
+        return v.ChunkedLocalAttentionSpec(**common, attention_chunk_size=kv_spec.attention_chunk_size)
+    if type(kv_spec) is CrossAttentionSpec:
+        return v.CrossAttentionSpec(**common)
+    if type(kv_spec) is MambaSpec:
+        return v.MambaSpec(
+            block_size=kv_spec.block_size, shapes=kv_spec.shapes,
+            dtypes=tuple(_dtype(v, n) for n in kv_spec.state_dtype_bytes),
+            page_size_padded=kv_spec.page_size_padded, mamba_cache_mode=kv_spec.mamba_cache_mode,
+            num_speculative_blocks=kv_spec.num_speculative_blocks,
+            num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks)
+    raise ValueError(f"the vLLM hybrid adapters do not translate {type(kv_spec).__name__}"
+                     f"{' (MLA)' if getattr(kv_spec, 'use_mla', False) else ''}")
 
 
 class VllmHybridLookup:
@@ -117,44 +154,13 @@ class VllmHybridLookup:
         return self.vllm.version
 
     # -- configuration -------------------------------------------------------------------
-    def _dtype(self, num_bytes: int) -> Any:
-        torch = self.vllm.torch
-        dtypes = {1: torch.int8, 2: torch.float16, 4: torch.float32, 8: torch.float64}
-        if num_bytes not in dtypes:
-            raise ValueError(f"no torch dtype of {num_bytes} bytes for a vLLM spec")
-        return dtypes[num_bytes]
-
-    def vllm_spec(self, kv_spec: KVCacheSpec) -> Any:
-        """vLLM's ``kv_cache_interface`` spec for one kvoracle spec."""
-        v = self.vllm
-        common = {"block_size": kv_spec.block_size, "num_kv_heads": kv_spec.num_kv_heads,
-                  "head_size": kv_spec.head_size, "dtype": self._dtype(kv_spec.dtype_bytes),
-                  "page_size_padded": kv_spec.page_size_padded}
-        if type(kv_spec) is FullAttentionSpec and not kv_spec.use_mla:
-            return v.FullAttentionSpec(**common, sliding_window=kv_spec.sliding_window,
-                                       attention_chunk_size=kv_spec.attention_chunk_size)
-        if type(kv_spec) is SlidingWindowSpec:
-            return v.SlidingWindowSpec(**common, sliding_window=kv_spec.sliding_window,
-                                       extra_retained_tokens=kv_spec.extra_retained_tokens)
-        if type(kv_spec) is ChunkedLocalAttentionSpec:
-            return v.ChunkedLocalAttentionSpec(**common, attention_chunk_size=kv_spec.attention_chunk_size)
-        if type(kv_spec) is MambaSpec:
-            return v.MambaSpec(
-                block_size=kv_spec.block_size, shapes=kv_spec.shapes,
-                dtypes=tuple(self._dtype(n) for n in kv_spec.state_dtype_bytes),
-                page_size_padded=kv_spec.page_size_padded, mamba_cache_mode=kv_spec.mamba_cache_mode,
-                num_speculative_blocks=kv_spec.num_speculative_blocks,
-                num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks)
-        raise ValueError(f"the vLLM hybrid adapter does not translate {type(kv_spec).__name__}"
-                         f"{' (MLA)' if getattr(kv_spec, 'use_mla', False) else ''}")
-
     def configure(self, config: HybridConfig) -> None:
         v = self.vllm
         if not getattr(config, "enable_caching", True):
             raise ValueError("the hybrid lookup adapter needs prefix caching (enable_caching=True)")
         # The seed of vLLM's hash chain: fixed for SHA-256, so equal on every call.
         v.utils.init_none_hash(v.sha256)
-        groups = [v.KVCacheGroupSpec([_layer_name(g)], self.vllm_spec(kv_spec))
+        groups = [v.KVCacheGroupSpec([_layer_name(g)], vllm_spec(v, kv_spec))
                   for g, kv_spec in enumerate(config.kv_cache_specs)]
         kv_cache_config = v.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
                                           kv_cache_groups=groups, prefix_cache_retention_interval=None)
