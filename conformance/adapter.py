@@ -116,9 +116,11 @@ class EngineAdapter(Protocol):
         """``get_computed_blocks``; the adapter remembers the hit for :meth:`allocate`."""
 
     def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
-                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False
-                 ) -> tuple[tuple[int, ...], ...] | None:
+                 num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
+                 num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
         """``allocate_slots``; a non-zero hit adopts the blocks of the last lookup.
+        ``num_encoder_tokens`` sizes a cross-attention group (KV-CROSS-001); the lockstep
+        suite always passes 0.
 
         Returns the newly allocated block ids per group, or ``None`` when the pool
         is short.

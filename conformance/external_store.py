@@ -57,9 +57,9 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
-from .adapter import Capabilities
 from .engines import load_engine
 from .hybrid_lookup import MOSTLY_TRUE, GroupDesc, _kv_spec, hybrid_setups
+from .suite_kit import bind_machine, replay_steps, scoped_verdicts
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
 #: Engines with an external-store adapter, by the name ``--engine`` accepts.
@@ -465,14 +465,12 @@ def make_external_machine(engine_factory: Callable[[], ExternalStoreAdapter], ve
                           on_example: Callable[[], None] | None = None) -> type[ExternalStoreMachine]:
     """A machine class bound to one engine (the runner's ``make_machine`` signature)."""
     partial = bool(getattr(engine_factory(), "supports_partial_hash_hits", False))
-    return type(f"ExternalStore_{getattr(engine_factory, '__name__', 'engine')}", (ExternalStoreMachine,), {
-        "engine_factory": staticmethod(engine_factory), "verdicts": verdicts, "partial": partial,
-        "on_example": staticmethod(on_example) if on_example else None})
+    return bind_machine(ExternalStoreMachine, "ExternalStore", engine_factory, verdicts, on_example,
+                        partial=partial)
 
 
-def external_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
-    """Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable."""
-    return Verdicts(Capabilities(), expectations, scope=lambda rule: rule.id in SCOPE, out_of_scope=OUT_OF_SCOPE)
+#: Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable.
+external_verdicts = scoped_verdicts(SCOPE, OUT_OF_SCOPE)
 
 
 def load_external_engine(name: str) -> Callable[[], ExternalStoreAdapter]:
@@ -484,11 +482,7 @@ def load_external_engine(name: str) -> Callable[[], ExternalStoreAdapter]:
 def replay_external(engine: str | Callable[[], ExternalStoreAdapter], steps: Sequence[object]) -> Verdicts:
     """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
     factory = load_external_engine(engine) if isinstance(engine, str) else engine
-    verdicts = external_verdicts(None, None)
-    driver = StoreDriver(factory, verdicts)
-    for step in steps:
-        driver.apply(step)
-    return verdicts
+    return replay_steps(StoreDriver, factory, external_verdicts(None, None), steps)
 
 
 _TEMPLATE = '''\

@@ -46,10 +46,11 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec.lifecycle import cdiv
 
-from .adapter import Capabilities, Lookup, Observation
+from .adapter import Lookup, Observation
 from .engines import load_engine
 from .engines.reference import ReferenceEngine
 from .lockstep import RULE_ID_IN_TEXT
+from .suite_kit import bind_machine, replay_steps, scoped_verdicts
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
 #: Engines with a hybrid lifecycle adapter, by the name ``--engine`` accepts.
@@ -546,13 +547,11 @@ def make_lifecycle_machine(engine_factory: Callable[[], HybridLifecycleAdapter],
                            on_example: Callable[[], None] | None = None) -> type[HybridLifecycleMachine]:
     """A machine class bound to one engine (the runner's ``make_machine`` signature; the
     quarantine and step timeout are not used by this suite)."""
-    return type(f"HybridLifecycle_{getattr(engine_factory, '__name__', 'engine')}", (HybridLifecycleMachine,), {
-        "engine_factory": staticmethod(engine_factory), "verdicts": verdicts,
-        "on_example": staticmethod(on_example) if on_example else None})
+    return bind_machine(HybridLifecycleMachine, "HybridLifecycle", engine_factory, verdicts, on_example)
 
 
-def lifecycle_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
-    return Verdicts(Capabilities(), expectations, scope=lambda rule: rule.id in SCOPE, out_of_scope=OUT_OF_SCOPE)
+#: Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable.
+lifecycle_verdicts = scoped_verdicts(SCOPE, OUT_OF_SCOPE)
 
 
 def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:
@@ -563,11 +562,7 @@ def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:
 def replay_lifecycle(engine: str | Callable[[], HybridLifecycleAdapter], steps: Sequence[object]) -> Verdicts:
     """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
     factory = load_lifecycle_engine(engine) if isinstance(engine, str) else engine
-    verdicts = lifecycle_verdicts(None, None)
-    driver = LifecycleDriver(factory, verdicts)
-    for step in steps:
-        driver.apply(step)
-    return verdicts
+    return replay_steps(LifecycleDriver, factory, lifecycle_verdicts(None, None), steps)
 
 
 _TEMPLATE = '''\

@@ -53,8 +53,9 @@ from kvoracle.spec import hybrid as spec
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
-from .adapter import Capabilities, Lookup
+from .adapter import Lookup
 from .engines import load_engine
+from .suite_kit import bind_machine, replay_steps, scoped_verdicts
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
 #: Engines with a hybrid lookup adapter, by the name ``--engine`` accepts.
@@ -518,14 +519,11 @@ def make_hybrid_machine(engine_factory: Callable[[], HybridLookupAdapter], verdi
     ``quarantine`` and ``step_timeout`` are accepted for that signature and unused: lookups
     are not run under a time limit.
     """
-    return type(f"HybridLookup_{getattr(engine_factory, '__name__', 'engine')}", (HybridLookupMachine,), {
-        "engine_factory": staticmethod(engine_factory), "verdicts": verdicts,
-        "on_example": staticmethod(on_example) if on_example else None})
+    return bind_machine(HybridLookupMachine, "HybridLookup", engine_factory, verdicts, on_example)
 
 
-def hybrid_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
-    """Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable."""
-    return Verdicts(Capabilities(), expectations, scope=lambda rule: rule.id in SCOPE, out_of_scope=OUT_OF_SCOPE)
+#: Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable.
+hybrid_verdicts = scoped_verdicts(SCOPE, OUT_OF_SCOPE)
 
 
 def load_hybrid_engine(name: str) -> Callable[[], HybridLookupAdapter]:
@@ -537,11 +535,7 @@ def load_hybrid_engine(name: str) -> Callable[[], HybridLookupAdapter]:
 def replay_hybrid(engine: str | Callable[[], HybridLookupAdapter], steps: Sequence[object]) -> Verdicts:
     """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
     factory = load_hybrid_engine(engine) if isinstance(engine, str) else engine
-    verdicts = hybrid_verdicts(None, None)
-    driver = HybridDriver(factory, verdicts)
-    for step in steps:
-        driver.apply(step)
-    return verdicts
+    return replay_steps(HybridDriver, factory, hybrid_verdicts(None, None), steps)
 
 
 _TEMPLATE = '''\
