@@ -242,6 +242,8 @@ class BlockPool:
         for block, key in pairs:
             self._cache(block, key)
 
+    @icontract.ensure(lambda block, key: block.is_null or block.cache_key is not None or block.partial_key == key,
+                      "KV-HLC-006: a block not cached whole carries the partial entry", enabled=ENABLED)
     def register_partial(self, block: KVCacheBlock, key: CacheKey) -> None:
         """KV-HLC-006: a partial tail entry for a block not cached whole (else ignored)."""
         if not block.is_null and block.cache_key is None:

@@ -59,6 +59,10 @@ class GroupTables:
         self.pool = pool
         self.coordinator = coordinator
         self.eagle = eagle
+        #: With one group vLLM's unitary coordinator hashes and aligns at the block size and
+        #: caches every computed token; with several, hits align to the scheduler block size.
+        self.several_groups = len(coordinator.config.kv_cache_specs) > 1
+        self.alignment = coordinator.config.scheduler_block_size if self.several_groups else block_size
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
 
@@ -113,10 +117,8 @@ class GroupTables:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """KV-HLC-005: cache the reachable non-null full blocks up to the cacheable tokens."""
-        config = self.coordinator.config
-        if len(config.kv_cache_specs) > 1:  # KV-HYB-010 (one group: every computed token)
-            num_tokens = hybrid_spec.num_cacheable_tokens(
-                num_tokens, config.scheduler_block_size, self.eagle, self.block_size)
+        if self.several_groups:  # KV-HYB-010
+            num_tokens = hybrid_spec.num_cacheable_tokens(num_tokens, self.alignment, self.eagle, self.block_size)
         self._cache_full_blocks(request, num_tokens)
         if self.kind == hybrid_spec.FULL and self.block_size != request.hash_block_size:
             self._register_partial_tail(request, num_tokens)
@@ -132,16 +134,14 @@ class GroupTables:
         self.pool.register_partial(table[boundary // self.block_size], key)
 
     def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
-        config = self.coordinator.config
         num_cached = self.num_cached_block.get(request.request_id, 0)
         num_hashed = len(request.block_hashes) * request.hash_block_size
         num_full = min(num_tokens, num_hashed) // self.block_size
         if num_cached >= num_full:
             return  # nothing new: the request stays untracked if it was
         table = self.req_to_blocks[request.request_id]
-        alignment = config.scheduler_block_size if len(config.kv_cache_specs) > 1 else self.block_size
         indices = spec.blocks_to_cache(self.kind, self.param, num_cached, num_full, self.block_size,
-                                       alignment, self.eagle, tuple(b.is_null for b in table))
+                                       self.alignment, self.eagle, tuple(b.is_null for b in table))
         pairs = [(table[i], (self.coordinator.view_hash(request.block_hashes, self.block_size, i),
                              self.group_id)) for i in indices]
         if pairs:
@@ -182,9 +182,7 @@ def _cached_as_specified(manager: HybridKVCacheManager, request: Request, OLD: o
     for group, before in zip(manager.groups, OLD.num_cached):  # type: ignore[attr-defined]
         after = group.num_cached_block.get(request.request_id, 0)
         table = group.req_to_blocks.get(request.request_id, [])
-        alignment = (manager.config.scheduler_block_size if len(manager.groups) > 1
-                     else group.block_size)
-        for i in spec.blocks_to_cache(group.kind, group.param, before, after, group.block_size, alignment,
+        for i in spec.blocks_to_cache(group.kind, group.param, before, after, group.block_size, group.alignment,
                                       group.eagle, tuple(b.is_null for b in table)):
             key = (manager.coordinator.view_hash(request.block_hashes, group.block_size, i), group.group_id)
             if table[i].cache_key != key:

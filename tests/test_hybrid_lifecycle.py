@@ -50,7 +50,7 @@ def test_group_need(slots: int, size: int, held: int, evictable: list[bool], ski
     if tracked:
         assert need == max(lifecycle.cdiv(slots, size) - held, 0)
     # Skipped positions never need a block: the need never exceeds the windowless one.
-    assert need <= lifecycle.num_blocks_to_allocate(slots, size, held, len(hits), sum(hits)) or tracked
+    assert need <= lifecycle.num_blocks_to_allocate(slots, size, held, len(hits), sum(hits))
 
 
 def test_group_need_worked_example() -> None:
@@ -63,6 +63,7 @@ def test_group_need_worked_example() -> None:
 def test_adopted_table(hits: tuple[int, ...], skipped: int) -> None:
     table = spec.adopted_table(hits, skipped)
     assert spec.table_nulls_ok(SWA, tuple(b == 0 for b in table))
+    assert len(table) == max(len(hits), skipped) and table[skipped:] == hits[skipped:]
 
 
 @given(st.lists(st.tuples(st.integers(0, 4), st.lists(st.integers(1, 30), max_size=5)), max_size=3))
@@ -101,7 +102,11 @@ def test_blocks_to_cache_worked_example() -> None:
 @given(st.sampled_from([FULL, SWA]), st.lists(st.booleans(), max_size=10).map(tuple), st.integers(0, 40),
        st.sampled_from([1, 2, 4]), st.integers(1, 9), st.booleans())
 def test_unitary_hit(kind: str, cached: tuple[bool, ...], bound: int, size: int, window: int, eagle: bool) -> None:
-    hybrid_spec.unitary_hit(kind, cached, bound, size, window, eagle)  # contracts: the fixed point without EAGLE
+    hit = hybrid_spec.unitary_hit(kind, cached, bound, size, window, eagle)
+    assert hit % size == 0 and 0 <= hit <= bound
+    if not eagle:  # one group without EAGLE: the hybrid loop's answer
+        assert hit == hybrid_spec.fixed_point(((kind, size, window, False),), (cached,), bound,
+                                              len(cached) * size, size)[0]
 
 
 def test_unitary_eagle_has_no_margin() -> None:
@@ -238,10 +243,12 @@ def test_driver_reports_an_engine_that_raises() -> None:
 
 @given(st.integers(1, 40), st.integers(0, 40), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4]), st.booleans())
 def test_partial_tail_boundary(prompt: int, hashes: int, hash_size: int, scale: int, eagle: bool) -> None:
-    boundary = spec.partial_tail_boundary(prompt, min(hashes, prompt // hash_size), hash_size, hash_size * scale,
-                                          eagle)
-    if scale == 1:
-        assert boundary == 0  # a block of one hash block has no inner boundary
+    num_hashes = min(hashes, prompt // hash_size)
+    boundary = spec.partial_tail_boundary(prompt, num_hashes, hash_size, hash_size * scale, eagle)
+    # The last hash boundary the prompt's lookups can reach, if it lies inside a block.
+    reach = min(prompt if eagle else prompt - 1, num_hashes * hash_size)
+    last = reach - reach % hash_size
+    assert boundary == (last if last % (hash_size * scale) else 0)
 
 
 def test_partial_tail_orders_the_free_queue() -> None:
