@@ -271,7 +271,7 @@ def blocks_to_cache(kind: str, param: int, start: int, end: int, block_size: int
 
 @icontract.require(lambda num_prompt_tokens, num_hashes, hash_block_size, block_size:
                    num_prompt_tokens > 0 and num_hashes >= 0 and hash_block_size > 0
-                   and block_size % hash_block_size == 0, enabled=ENABLED)
+                   and block_size > 0 and block_size % hash_block_size == 0, enabled=ENABLED)
 @icontract.ensure(lambda result, hash_block_size, block_size:
                   result == 0 or (result % hash_block_size == 0 and result % block_size != 0), enabled=ENABLED)
 @icontract.ensure(lambda result, num_prompt_tokens: result <= num_prompt_tokens, enabled=ENABLED)
