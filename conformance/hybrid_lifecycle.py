@@ -4,7 +4,10 @@ The lookup suite (:mod:`.hybrid_lookup`) judges one answer. This suite follows
 requests through a hybrid model's whole lifecycle (spec chapter
 ``hybrid_lifecycle``): a waiting request looks its hit up and adopts it, is
 scheduled chunk by chunk and decodes, is preempted or finishes, while the window
-of its sliding-window and chunked-local groups moves on and frees blocks. The
+of its sliding-window and chunked-local groups moves on and frees blocks; cached
+blocks are evicted by a connector or the whole prefix cache is reset. A rule of
+its own prefills prompts that end inside a coarse full-attention block and
+finishes them at once, the case of vLLM's partial tail entries (KV-HLC-006). The
 engine behind :class:`HybridLifecycleAdapter` and kvoracle's reference
 (:class:`kvoracle.reference.hybrid_manager.HybridKVCacheManager`) apply the same
 steps; after each step the driver compares what the operation returned, then the
@@ -22,6 +25,7 @@ Run it with ``kvoracle check --suite hybrid-lifecycle [--engine reference|vllm|m
 
 from __future__ import annotations
 
+import copy
 import math
 from collections import Counter
 from collections.abc import Callable, Sequence
@@ -50,6 +54,7 @@ from .adapter import Lookup, Observation
 from .engines import load_engine
 from .engines.reference import ReferenceEngine
 from .lockstep import RULE_ID_IN_TEXT
+from .steps import Evict, ResetPrefixCache
 from .suite_kit import bind_machine, replay_steps, scoped_verdicts
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
@@ -63,7 +68,7 @@ SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "
          "KV-HYB-003", "KV-HYB-010", "KV-HYB-012", "KV-HYB-013", "KV-HYB-014", "KV-SWA-007",
          "KV-SWA-008", "KV-SWA-009", "KV-SWA-011", "KV-CROSS-001", "KV-FULL-002", "KV-LIFE-009",
          "KV-POOL-002", "KV-POOL-004", "KV-POOL-008", "KV-POOL-010", "KV-POOL-011",
-         "KV-POOL-012", "KV-POOL-015")
+         "KV-POOL-012", "KV-POOL-013", "KV-POOL-014", "KV-POOL-015", "KV-HLC-006")
 OUT_OF_SCOPE = "not judged by the hybrid lifecycle suite"
 NULL_BLOCK_ID = 0
 TOKENS = st.integers(0, 3)
@@ -101,6 +106,11 @@ class HybridLifecycleAdapter(Protocol):
     def append_tokens(self, request_id: str, tokens: Sequence[int]) -> None: ...
 
     def free(self, request_id: str, preempted: bool = False) -> None: ...
+
+    def evict(self, block_ids: Sequence[int]) -> None:
+        """``evict_blocks``: forget these blocks' cache keys (KV-POOL-013)."""
+
+    def reset_prefix_cache(self) -> bool: ...
 
     def observe(self) -> Observation:
         """Tables of requests holding a block (per group), ref counts, the free queue and the
@@ -292,12 +302,61 @@ class LifecycleDriver:
         self._call("KV-HLC-001", "append_tokens", step.request_id, step.tokens)
 
     def _Release(self, step: Release) -> None:
+        without_partial = self._queue_without_partial_entries(step)
         self.model.free(step.request_id, step.preempted)
         self._call("KV-LIFE-009", "free", step.request_id, step.preempted)
         self.running.discard(step.request_id)
+        if without_partial is not None and without_partial != self.model.observe().free_queue:
+            # A queue that differs exactly as if partial tail entries did not count as cached
+            # is KV-HLC-006's difference, not a wrong free order.
+            seen = self._call("KV-HLC-001", "observe").free_queue  # type: ignore[attr-defined]
+            self.verdicts.check("KV-HLC-006", seen != without_partial, lambda: _diff(
+                "free queue (the engine's is the one where blocks with only a partial tail entry "
+                "count as uncached)", self.model.observe().free_queue, seen))
         actual = self._judge(_rules("KV-HLC-004", tables="KV-LIFE-009"))
         self.verdicts.check("KV-LIFE-009", step.request_id not in actual.block_tables,
                             lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
+
+    def _queue_without_partial_entries(self, step: Release) -> tuple[int, ...] | None:
+        """The reference's free queue after ``step`` had partial tail entries not counted as
+        cached (KV-HLC-006), or None when the request holds no block with only such an entry."""
+        manager = self.model.manager
+        partial = {b.block_id for group in manager.groups for b in group.req_to_blocks.get(step.request_id, ())
+                   if b.partial_key is not None and b.cache_key is None}
+        if not partial:
+            return None
+        other = copy.deepcopy(self.model)
+        for block_id in partial:
+            other.manager.pool.blocks[block_id].partial_key = None
+        other.free(step.request_id, step.preempted)
+        return other.observe().free_queue
+
+    def _Evict(self, step: Evict) -> None:
+        before = self._call("KV-HLC-001", "observe")
+        self.model.evict(step.block_ids)
+        self._call("KV-POOL-013", "evict", step.block_ids)
+        actual = self._judge(_rules("KV-POOL-013"))
+        check = self.verdicts.check
+        check("KV-POOL-013", (actual.ref_counts, actual.free_queue, dict(actual.block_tables))
+              == (before.ref_counts, before.free_queue, dict(before.block_tables)),  # type: ignore[attr-defined]
+              "evict_blocks changed ref counts, tables or the free queue")
+        if actual.cached is not None:
+            left = {b for blocks in actual.cached.values() for b in blocks} & set(step.block_ids)
+            check("KV-POOL-013", not left, lambda: f"blocks {sorted(left)} are still cached")
+
+    def _ResetPrefixCache(self, step: ResetPrefixCache) -> None:
+        assert self.setup is not None
+        before: Observation = self._call("KV-HLC-001", "observe")  # type: ignore[assignment]
+        expected = self.model.reset_prefix_cache()
+        actual = self._call("KV-POOL-014", "reset_prefix_cache")
+        check = self.verdicts.check
+        check("KV-POOL-014", actual == pool_spec.can_reset_prefix_cache(before.num_free_blocks,
+                                                                         self.setup.num_blocks), lambda: (
+            f"reset returned {actual} with {before.num_free_blocks} of {self.setup.num_blocks - 1} blocks free"))
+        check("KV-POOL-014", actual == expected, lambda: _diff("reset result", expected, actual))
+        after = self._judge(_rules("KV-POOL-014"))
+        if actual and after.cached is not None:
+            check("KV-POOL-014", not after.cached, "cache keys survive a successful reset")
 
     def _Run(self, step: Run) -> None:
         assert self.setup is not None
@@ -393,7 +452,7 @@ def _short(cached: object) -> object:
 def lifecycle_setups(draw: st.DrawFn) -> LifecycleSetup:
     """Valid hybrid lifecycle configurations, biased towards pools that fill up."""
     hash_size = draw(st.sampled_from([1, 2, 4]), label="hash_block_size")
-    caching = draw(st.sampled_from([True, True, True, False]), label="enable_caching")
+    caching = draw(st.integers(0, 3), label="caching off") != 0
     eagle = draw(st.booleans(), label="use_eagle")
     count = draw(st.integers(1, 3), label="num_groups")
     kinds = [hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.SLIDING_WINDOW]
@@ -404,6 +463,10 @@ def lifecycle_setups(draw: st.DrawFn) -> LifecycleSetup:
         kind = draw(st.sampled_from(kinds), label="kind")
         size = hash_size if count == 1 else hash_size * draw(st.sampled_from([1, 2, 4]), label="scale")
         drafts.append([kind, size, 0])
+    if count > 1 and draw(st.booleans(), label="coarse_full_group"):
+        # A full-attention group coarser than the hash blocks: a prompt ending inside one of
+        # its blocks leaves a partial tail entry (KV-HLC-006).
+        drafts[0][:2] = [hybrid_spec.FULL, hash_size * draw(st.sampled_from([2, 4]), label="coarse scale")]
     encoder = 0
     if not caching and draw(st.integers(0, 3), label="cross_attention") > 0:  # KV-HLC-007
         drafts.append([spec.CROSS_ATTENTION, hash_size * draw(st.sampled_from([1, 2])), 0])
@@ -486,17 +549,17 @@ class HybridLifecycleMachine(RuleBasedStateMachine):
         return [tuple(r.all_token_ids[:r.num_computed_tokens]) for r in self.driver.model.requests.values()
                 if r.num_computed_tokens] + self.warm
 
-    def _can_serve(self) -> bool:
-        return self._can_arrive() and bool(self._warm())
-
-    @precondition(_can_serve)
+    @precondition(_can_arrive)
     @rule(data=st.data())
     def serve_shared_prefix(self, data: st.DataObject) -> None:
-        # A request continuing a computed prefix arrives and is scheduled at once: the
-        # lifecycle's hits (KV-HLC-003, KV-SWA-009) need exactly this.
+        # A request continuing a computed prefix (or a fresh one, before any) arrives and is
+        # scheduled at once: the lifecycle's hits (KV-HLC-003, KV-SWA-009) need exactly this.
+        # It is also a second rule that starts requests: Hypothesis switches rules off at random
+        # per example, and with caching off no other rule would.
         setup = self.driver.setup
-        source = data.draw(st.sampled_from(self._warm()), label="source")
-        suffix = data.draw(st.lists(TOKENS, min_size=0, max_size=4), label="suffix")
+        warm = self._warm()
+        source = data.draw(st.sampled_from(warm), label="source") if warm else ()
+        suffix = data.draw(st.lists(TOKENS, min_size=0 if warm else 1, max_size=4), label="suffix")
         prompt = (source + tuple(suffix))[:setup.max_model_len - 1] or (0,)
         self.prompts.append(prompt)
         request_id = f"r{self.next_id}"
@@ -537,6 +600,62 @@ class HybridLifecycleMachine(RuleBasedStateMachine):
             self.warm.append(tuple(request.all_token_ids[:request.num_computed_tokens]))
         self.driver.apply(Release(request_id, data.draw(st.booleans(), label="preempted")))
 
+    def _coarse_full_sizes(self) -> list[int]:
+        setup = self.driver.setup
+        return [size for kind, size, _ in setup.groups
+                if kind == hybrid_spec.FULL and size > setup.hash_block_size] if setup else []
+
+    def _can_leave_partial_tail(self) -> bool:
+        return self._can_arrive() and self.driver.setup.enable_caching and bool(self._coarse_full_sizes())
+
+    @precondition(_can_leave_partial_tail)
+    @rule(data=st.data())
+    def prefill_and_finish(self, data: st.DataObject) -> None:
+        # KV-HLC-006: a prompt whose last hash boundary lies inside a coarse full-attention
+        # block, prefilled at once and finished before that block fills: the block carries
+        # only a partial tail entry when it is freed.
+        setup = self.driver.setup
+        size = data.draw(st.sampled_from(self._coarse_full_sizes()), label="block size")
+        hash_size = setup.hash_block_size
+        longest = setup.max_model_len - 1 - hash_size  # room for the tokens after the boundary
+        boundaries = [b for b in range(hash_size, longest + 1, hash_size) if b % size]
+        if not boundaries:
+            return
+        boundary = data.draw(st.sampled_from(boundaries), label="boundary")
+        # The boundary is the prompt in whole hash blocks with EAGLE, one token less without.
+        length = boundary + data.draw(st.integers(0, hash_size - 1), label="past the boundary") + int(
+            not setup.use_eagle)
+        warm = [w for w in self._warm() if w]
+        prefix = data.draw(st.sampled_from(warm), label="source")[:length] if warm and data.draw(
+            st.booleans(), label="shares a prefix") else ()
+        prompt = prefix + tuple(data.draw(st.lists(TOKENS, min_size=length - len(prefix),
+                                                   max_size=length - len(prefix)), label="suffix"))
+        self.prompts.append(prompt)
+        request_id = f"r{self.next_id}"
+        self.next_id += 1
+        self.driver.apply(Arrive(request_id, prompt))
+        self.driver.apply(Run(request_id, length))
+        if request_id in self.driver.model.requests:
+            self.warm.append(prompt)
+            self.driver.apply(Release(request_id))
+
+    def _has_cache(self) -> bool:
+        return self._alive() and self.driver.setup.enable_caching
+
+    @precondition(_has_cache)
+    @rule(data=st.data())
+    def forget_cached(self, data: st.DataObject) -> None:
+        # One rule for both ways of forgetting (a connector's eviction, a reset), so that
+        # they do not crowd out the lifecycle's own steps.
+        if data.draw(st.integers(0, 3), label="reset") == 0:
+            self.driver.apply(ResetPrefixCache())
+            return
+        cached = sorted({b for blocks in (self.driver.model.observe().cached or {}).values() for b in blocks})
+        any_block = st.integers(1, self.driver.setup.num_blocks - 1)
+        chosen = data.draw(st.lists(st.sampled_from(cached) if cached else any_block, max_size=3)
+                           | st.lists(any_block, max_size=2), label="block ids")
+        self.driver.apply(Evict(tuple(chosen)))
+
     @rule()
     def idle(self) -> None:
         pass  # lets Hypothesis finish an example whose engine is dead
@@ -574,7 +693,8 @@ Generated by `kvoracle check --suite hybrid-lifecycle`; run with `pytest {filena
 test fails while the engine still violates the rule, and passes once it is fixed.
 """
 
-from kvoracle.conformance.hybrid_lifecycle import Arrive, Decode, LifecycleSetup, Release, Run, replay_lifecycle
+from kvoracle.conformance.hybrid_lifecycle import (
+    Arrive, Decode, Evict, LifecycleSetup, Release, ResetPrefixCache, Run, replay_lifecycle)
 
 ENGINE = {engine!r}
 STEPS = [

@@ -10,6 +10,7 @@ ends when a round finds nothing new or after ``max_rounds`` rounds.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,6 +23,9 @@ from hypothesis.errors import HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from .adapter import EngineAdapter
+
+if sys.version_info < (3, 11):  # Hypothesis brings the backport there
+    from exceptiongroup import BaseExceptionGroup
 from .engines import engine_spec_of, load_engine
 from .lockstep import Quarantine
 from .machine import make_machine
@@ -74,6 +78,21 @@ class RunResult:
         return self.verdicts.ok() and not self.internal_errors
 
 
+def _split_failures(error: BaseException) -> tuple[list[RuleViolation], list[BaseException]]:
+    """The rule violations in what a round raised (one, or a group of several bugs), and the rest."""
+    if isinstance(error, RuleViolation):
+        return [error], []
+    if isinstance(error, BaseExceptionGroup):
+        violations: list[RuleViolation] = []
+        others: list[BaseException] = []
+        for inner in error.exceptions:
+            found, rest = _split_failures(inner)
+            violations += found
+            others += rest
+        return violations, others
+    return [], [error]
+
+
 def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | None = None,
               progress: Callable[[str], None] | None = None,
               expectations: dict[str, str] | None = None, suite: Suite = LOCKSTEP) -> RunResult:
@@ -104,7 +123,10 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
         settings = hypothesis.settings(
             max_examples=options.max_examples, stateful_step_count=options.step_count,
             deadline=None, database=None, suppress_health_check=list(HealthCheck),
-            verbosity=Verbosity.quiet, report_multiple_bugs=False,
+            # Several bugs per round, each shrunk on its own: with a single bug, Hypothesis
+            # lets the shrinker slip from one failure to any smaller one, so a rule whose
+            # failures also break a later check was reported under that other rule.
+            verbosity=Verbosity.quiet, report_multiple_bugs=True,
             phases=(Phase.explicit, Phase.generate, Phase.shrink))
         test = hypothesis.seed(options.seed + round_index)(
             get_state_machine_test(machine, settings=settings))
@@ -113,18 +135,21 @@ def run_suite(engine: str | Callable[[], EngineAdapter], options: RunOptions | N
         recorded_before = {rule for rule in verdicts.suppressed}
         try:
             test()
-        except RuleViolation as violation:
-            example = Counterexample(violation.rule_id, violation.message,
-                                     list(violation.steps), violation.is_engine_error)
-            verdicts.record(example)
-            kind = "engine error" if example.engine_error else "failure"
-            say(f"  {kind}: {violation.rule_id} -- {violation.message}")
-            say(f"  shrunk to {len(example.steps)} steps")
+        except (HypothesisException, Exception) as error:
+            violations, others = _split_failures(error)
+            for violation in violations:
+                example = Counterexample(violation.rule_id, violation.message,
+                                         list(violation.steps), violation.is_engine_error)
+                verdicts.record(example)
+                kind = "engine error" if example.engine_error else "failure"
+                say(f"  {kind}: {violation.rule_id} -- {violation.message}")
+                say(f"  shrunk to {len(example.steps)} steps")
+            for other in others:  # kvoracle's own bug, or Flaky
+                internal_errors.append(f"{type(other).__name__}: {other}")
+                say(f"  internal error: {type(other).__name__}: {other}")
+            if others:
+                break
             continue
-        except (HypothesisException, Exception) as error:  # kvoracle's own bug, or Flaky
-            internal_errors.append(f"{type(error).__name__}: {error}")
-            say(f"  internal error: {type(error).__name__}: {error}")
-            break
         hangs = verdicts.suppressed - recorded_before
         for rule_id in sorted(hangs):
             say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")

@@ -119,16 +119,8 @@ def hybrid_cli_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]
     return results
 
 
-#: Known gap: the Mamba-margin adapter's wrong hits also fail KV-HYB-007 and crash its
-#: block fetch (KV-HYB-003 engine error); every rule violation raises from the same line,
-#: so Hypothesis shrinks a KV-MAMBA-002 counterexample into a KV-HYB-007 one, and the
-#: KV-MAMBA-002 failures are counted without a counterexample of their own.
-_MAMBA_GAP = pytest.mark.xfail(strict=True, reason="KV-MAMBA-002 shrinks into KV-HYB-007 (same failure origin)")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("engine", [pytest.param(e, marks=_MAMBA_GAP) if e == "MambaEagleMargin" else e
-                                    for e in sorted(broken_hybrid_engines.EXPECTED)])
+@pytest.mark.parametrize("engine", sorted(broken_hybrid_engines.EXPECTED))
 def test_generated_hybrid_suite_convicts_broken_lookup(hybrid_cli_runs: dict, engine: str) -> None:
     """The generated suite finds each broken adapter by itself, with its rule, and the
     replay file it writes fails with that rule."""
