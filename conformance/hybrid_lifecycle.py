@@ -17,8 +17,9 @@ cache map), then checks the invariants any engine's observation must satisfy.
 Configurations: 1 to 3 groups of full attention, sliding window (windows 1 to
 12) and chunked local attention, block sizes multiples of the hash block size,
 EAGLE on or off, a small pool; with prefix caching off, a cross-attention group
-sized by the request's encoder tokens (KV-HLC-007). Mamba is not generated: its
-"align" allocation is not specified (KV-MAMBA-003).
+sized by the request's encoder tokens (KV-HLC-007), and Mamba groups in "none"
+mode (KV-HLC-008), sometimes one block per request. Mamba with caching on is not
+generated: its "align" allocation is not specified (KV-MAMBA-003).
 
 Run it with ``kvoracle check --suite hybrid-lifecycle [--engine reference|vllm|module:Class]``.
 """
@@ -43,6 +44,7 @@ from kvoracle.reference.kv_cache_spec import (
     CrossAttentionSpec,
     FullAttentionSpec,
     KVCacheSpec,
+    MambaSpec,
     SlidingWindowSpec,
 )
 from kvoracle.spec import block_pool as pool_spec
@@ -68,13 +70,14 @@ SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "
          "KV-HYB-003", "KV-HYB-010", "KV-HYB-012", "KV-HYB-013", "KV-HYB-014", "KV-SWA-007",
          "KV-SWA-008", "KV-SWA-009", "KV-SWA-011", "KV-CROSS-001", "KV-FULL-002", "KV-LIFE-009",
          "KV-POOL-002", "KV-POOL-004", "KV-POOL-008", "KV-POOL-010", "KV-POOL-011",
-         "KV-POOL-012", "KV-POOL-013", "KV-POOL-014", "KV-POOL-015", "KV-HLC-006")
+         "KV-POOL-012", "KV-POOL-013", "KV-POOL-014", "KV-POOL-015", "KV-HLC-006", "KV-HLC-008")
 OUT_OF_SCOPE = "not judged by the hybrid lifecycle suite"
 NULL_BLOCK_ID = 0
 TOKENS = st.integers(0, 3)
 MAX_LIVE_REQUESTS = 4
 
-#: One group, flat: (kind, block size, window or chunk size, 0 if none).
+#: One group, flat: (kind, block size, window or chunk size or a Mamba group's speculative
+#: blocks, 0 if none).
 GroupDesc = tuple[str, int, int]
 
 
@@ -181,6 +184,8 @@ def _kv_spec(group: GroupDesc) -> KVCacheSpec:
         return ChunkedLocalAttentionSpec(size, attention_chunk_size=param)
     if kind == spec.CROSS_ATTENTION:
         return CrossAttentionSpec(size)
+    if kind == hybrid_spec.MAMBA:
+        return MambaSpec(size, mamba_cache_mode="none", num_speculative_blocks=param)
     return FullAttentionSpec(size)
 
 
@@ -397,8 +402,13 @@ class LifecycleDriver:
         # layout is the table's rule, not the allocation order's.
         mine = self.model.observe().block_tables.get(step.request_id, ())
         theirs = self._call("KV-HLC-001", "observe").block_tables.get(step.request_id, ())
-        check(tables, [[b == NULL_BLOCK_ID for b in t] for t in mine] == [[b == NULL_BLOCK_ID for b in t]
-                                                                          for t in theirs],
+        layouts = [[[b == NULL_BLOCK_ID for b in t] for t in tables_] for tables_ in (mine, theirs)]
+        if len(mine) == len(theirs):
+            for (kind, _, _), a, b in zip(groups, *layouts):
+                if kind == hybrid_spec.MAMBA:  # a Mamba group's table has a rule of its own
+                    check("KV-HLC-008", a == b, lambda a=a, b=b: _diff(
+                        f"null entries of the Mamba table of {step.request_id}", a, b))
+        check(tables, layouts[0] == layouts[1],
               lambda: _diff(f"null entries in the tables of {step.request_id}", mine, theirs))
         check("KV-POOL-004", tuple(map(tuple, actual)) == tuple(map(tuple, expected)),
               lambda: _diff("newly allocated blocks per group", expected, actual))
@@ -471,6 +481,11 @@ def lifecycle_setups(draw: st.DrawFn) -> LifecycleSetup:
     if not caching and draw(st.integers(0, 3), label="cross_attention") > 0:  # KV-HLC-007
         drafts.append([spec.CROSS_ATTENTION, hash_size * draw(st.sampled_from([1, 2])), 0])
         encoder = draw(st.integers(1, 12), label="num_encoder_tokens")
+    mamba = None
+    if not caching and draw(st.integers(0, 2), label="mamba") > 0:  # KV-HLC-008
+        mamba = [hybrid_spec.MAMBA, hash_size * draw(st.sampled_from([1, 2, 4])),
+                 draw(st.sampled_from([0, 0, 1, 2]), label="num_speculative_blocks")]
+        drafts.insert(draw(st.integers(0, len(drafts)), label="mamba position"), mamba)
     others = [size for kind, size, _ in drafts if kind != hybrid_spec.CHUNKED_LOCAL]
     alignment = math.lcm(hash_size, *others) if others else hash_size
     for draft in drafts:
@@ -481,8 +496,13 @@ def lifecycle_setups(draw: st.DrawFn) -> LifecycleSetup:
             # Small windows as often as large ones: a window shorter than the alignment
             # caches only the reachable blocks (KV-SWA-011).
             draft[2] = draw(st.integers(1, 12) | st.integers(1, 4), label="window")
-    groups = tuple(tuple(d) for d in drafts)
     max_model_len = alignment * draw(st.integers(4, 12), label="max_model_len blocks")
+    chunked = any(kind == hybrid_spec.CHUNKED_LOCAL for kind, _, _ in drafts)
+    if mamba is not None and not chunked and draw(st.booleans(), label="one state block"):
+        # One block per request: the state block covers the model length (the chunked-local
+        # block size must stay the scheduler block size, KV-CHUNK-003).
+        mamba[1] = max_model_len
+    groups = tuple(tuple(d) for d in drafts)
     blocks_per_request = sum(cdiv(max_model_len, size) for _, size, _ in groups)
     # Mostly room for two or three requests; one time in four a pool that runs out early.
     small = draw(st.integers(0, 3), label="small pool") == 0
@@ -507,9 +527,12 @@ class HybridLifecycleMachine(RuleBasedStateMachine):
         if self.on_example is not None:
             self.on_example()
 
-    @initialize(setup=lifecycle_setups())
-    def configure(self, setup: LifecycleSetup) -> None:
+    @initialize(setup=lifecycle_setups(), data=st.data())
+    def configure(self, setup: LifecycleSetup, data: st.DataObject) -> None:
         self.driver.apply(setup)
+        # Every example starts with a request scheduled: Hypothesis switches rules off at
+        # random per example, and an example whose rules cannot start one checks nothing.
+        self.serve_shared_prefix(data)
 
     def _alive(self) -> bool:
         return self.driver.setup is not None and not self.driver.dead
@@ -606,7 +629,10 @@ class HybridLifecycleMachine(RuleBasedStateMachine):
                 if kind == hybrid_spec.FULL and size > setup.hash_block_size] if setup else []
 
     def _can_leave_partial_tail(self) -> bool:
-        return self._can_arrive() and self.driver.setup.enable_caching and bool(self._coarse_full_sizes())
+        # Only with EAGLE: without it several groups cache whole aligned segments, so the
+        # boundary's block is cached whole or not reached at all.
+        setup = self.driver.setup
+        return self._can_arrive() and setup.enable_caching and setup.use_eagle and bool(self._coarse_full_sizes())
 
     @precondition(_can_leave_partial_tail)
     @rule(data=st.data())

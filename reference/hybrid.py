@@ -96,7 +96,7 @@ class HybridConfig:
                         "KV-CHUNK-003", f"kv_cache_specs[{index}].block_size",
                         f"chunked local block size {kv_spec.block_size} must equal the scheduler block size "
                         f"{alignment}")
-            if isinstance(kv_spec, MambaSpec) and kv_spec.block_size != self.hash_block_size:
+            if isinstance(kv_spec, MambaSpec) and self.enable_caching and kv_spec.block_size != self.hash_block_size:
                 raise ConfigError(
                     "KV-MAMBA-003", f"kv_cache_specs[{index}].block_size",
                     f"Mamba block size {kv_spec.block_size} must equal hash_block_size {self.hash_block_size} "

@@ -8,8 +8,9 @@ coordinator's block pool.
 
 The order of one allocation is KV-HLC-001's: drop skipped blocks in every
 group, check the summed need, adopt every group's hit, allocate group by
-group, cache. Mamba groups are not supported (their "align" allocation is not
-specified, KV-MAMBA-003).
+group, cache. A Mamba group is supported only with prefix caching off, in
+vLLM's "none" mode (KV-HLC-008); its "align" allocation is not specified
+(KV-MAMBA-003).
 """
 
 from __future__ import annotations
@@ -51,7 +52,7 @@ class GroupTables:
     """
 
     def __init__(self, group_id: int, kind: str, block_size: int, param: int, pool: BlockPool,
-                 coordinator: HybridCoordinator, eagle: bool) -> None:
+                 coordinator: HybridCoordinator, eagle: bool, num_speculative_blocks: int = 0) -> None:
         self.group_id = group_id
         self.kind = kind
         self.block_size = block_size
@@ -59,6 +60,8 @@ class GroupTables:
         self.pool = pool
         self.coordinator = coordinator
         self.eagle = eagle
+        #: A Mamba group's blocks for speculative decoding, beyond the request's slots (KV-HLC-008).
+        self.num_speculative_blocks = num_speculative_blocks
         #: With one group vLLM's unitary coordinator hashes and aligns at the block size and
         #: caches every computed token; with several, hits align to the scheduler block size.
         self.several_groups = len(coordinator.config.kv_cache_specs) > 1
@@ -68,6 +71,12 @@ class GroupTables:
 
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         return spec.skipped_tokens(self.kind, self.param, num_computed_tokens)
+
+    def slots(self, num_tokens: int) -> int:
+        """The slots this group allocates for ``num_tokens`` tokens (KV-HLC-008 for Mamba)."""
+        if self.kind == hybrid_spec.MAMBA:
+            return spec.mamba_slots(num_tokens, self.block_size, self.num_speculative_blocks)
+        return num_tokens
 
     # -- the steps of one allocation (KV-HLC-001) --------------------------------------
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
@@ -91,7 +100,7 @@ class GroupTables:
         tracked = request_id in self.num_cached_block
         evictable = () if tracked else tuple(b.ref_cnt == 0 and not b.is_null for b in hits)
         return spec.group_blocks_to_allocate(
-            num_tokens, self.block_size, len(self.req_to_blocks.get(request_id, ())), evictable,
+            self.slots(num_tokens), self.block_size, len(self.req_to_blocks.get(request_id, ())), evictable,
             self.skipped_tokens(num_computed_tokens), tracked)
 
     def adopt_hit(self, request_id: str, hits: Sequence[KVCacheBlock], num_computed_tokens: int) -> None:
@@ -108,7 +117,7 @@ class GroupTables:
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
         table = self.req_to_blocks.setdefault(request_id, [])
-        num_new = lifecycle.cdiv(num_tokens, self.block_size) - len(table)
+        num_new = lifecycle.cdiv(self.slots(num_tokens), self.block_size) - len(table)
         if num_new <= 0:
             return []
         blocks = self.pool.get_new_blocks(num_new)
@@ -201,9 +210,10 @@ class HybridKVCacheManager:
 
     def __init__(self, config: HybridConfig) -> None:
         for index, kv_spec in enumerate(config.kv_cache_specs):
-            if isinstance(kv_spec, MambaSpec):
+            if isinstance(kv_spec, MambaSpec) and (config.enable_caching or kv_spec.mamba_cache_mode != "none"):
                 raise ConfigError("KV-MAMBA-003", f"kv_cache_specs[{index}]",
-                                  "Mamba allocation ('align' mode) is not specified by kvoracle")
+                                  "Mamba allocation is specified only with prefix caching off and "
+                                  "mamba_cache_mode='none' (KV-HLC-008); 'align' mode is not")
         if len(config.kv_cache_specs) == 1 and config.enable_caching and \
                 config.kv_cache_specs[0].block_size != config.hash_block_size:
             raise ConfigError("KV-HYB-001", "hash_block_size",
@@ -215,7 +225,8 @@ class HybridKVCacheManager:
         self.groups = tuple(
             GroupTables(group_id, _lifecycle_kind(kv_spec), kv_spec.block_size, _window_or_chunk(kv_spec),
                         self.pool, self.coordinator,
-                        eagle=config.use_eagle and kv_spec.kind != hybrid_spec.CHUNKED_LOCAL)
+                        eagle=config.use_eagle and kv_spec.kind != hybrid_spec.CHUNKED_LOCAL,
+                        num_speculative_blocks=getattr(kv_spec, "num_speculative_blocks", 0))
             for group_id, kv_spec in enumerate(config.kv_cache_specs))
 
     @property

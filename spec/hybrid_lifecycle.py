@@ -38,6 +38,14 @@ used end.
 **Null blocks in tables** (KV-HYB-013). A full-attention or cross-attention
 table never holds the null block; a windowed table holds it only as a prefix.
 
+**Mamba without prefix caching** (KV-HLC-008). A Mamba group in vLLM's "none"
+mode is allocated like a windowed group whose window is the last computed
+token: the state of every earlier token is skipped, so its blocks are freed and
+become nulls, and the need counts ``num_speculative_blocks`` blocks more for
+speculative decoding. With a block size of at least the model length that is
+one state block per request (plus the speculative ones). With prefix caching on
+vLLM uses its "align" mode, which kvoracle does not specify (KV-MAMBA-003).
+
 Two behaviours of vLLM 0.33.0 are outside what kvoracle specifies and are
 named: a full-attention group whose block size exceeds the hash block size
 also registers a *partial* tail entry (KV-HLC-006), and cross-attention groups
@@ -50,7 +58,7 @@ import icontract
 
 from . import lifecycle
 from .contracts import ENABLED
-from .hybrid import CHUNKED_LOCAL, FULL, SLIDING_WINDOW
+from .hybrid import CHUNKED_LOCAL, FULL, MAMBA, SLIDING_WINDOW
 from .lifecycle import cdiv
 from .registry import defines, rule
 from .sliding_window import block_is_reachable
@@ -62,10 +70,13 @@ STKV = "vllm/v1/core/single_type_kv_cache_manager.py"
 
 #: Cross attention: a group sized by the encoder input (KV-CROSS-001), never cached.
 CROSS_ATTENTION = "cross_attention"
-#: Kinds a hybrid lifecycle may hold (Mamba's "align" allocation is not specified, KV-MAMBA-003).
-LIFECYCLE_KINDS = (FULL, SLIDING_WINDOW, CHUNKED_LOCAL, CROSS_ATTENTION)
+#: Kinds a hybrid lifecycle may hold (Mamba only without prefix caching: its "align"
+#: allocation is not specified, KV-MAMBA-003).
+LIFECYCLE_KINDS = (FULL, SLIDING_WINDOW, CHUNKED_LOCAL, CROSS_ATTENTION, MAMBA)
 #: Kinds whose tables hold nulls for tokens outside the attention window.
-WINDOWED_KINDS = (SLIDING_WINDOW, CHUNKED_LOCAL)
+WINDOWED_KINDS = (SLIDING_WINDOW, CHUNKED_LOCAL, MAMBA)
+#: Windowed kinds whose window is a parameter (a Mamba group's is always one token).
+SIZED_WINDOW_KINDS = (SLIDING_WINDOW, CHUNKED_LOCAL)
 
 KV_HLC_001 = rule(
     "KV-HLC-001",
@@ -131,6 +142,17 @@ KV_HLC_006 = rule(
     chapter=CHAPTER,
     kind="divergence",
 )
+KV_HLC_008 = rule(
+    "KV-HLC-008",
+    "Without prefix caching a Mamba group keeps the last computed token's state",
+    """With prefix caching off (vLLM's "none" mode) a Mamba group skips every computed token
+    but the last (skipped tokens = computed - 1): those blocks are freed right to left and
+    replaced by the null block as in a sliding-window group (KV-SWA-007), and the group's
+    need and allocation cover num_speculative_blocks * block_size slots beyond the request's
+    own. Nothing is cached.""",
+    source=f"{STKV} MambaManager.get_num_skipped_tokens / get_num_blocks_to_allocate / allocate_new_blocks",
+    chapter=CHAPTER,
+)
 KV_HLC_007 = rule(
     "KV-HLC-007",
     "Cross-attention groups require prefix caching off",
@@ -147,18 +169,34 @@ def _kind_ok(kind: str) -> bool:
 
 
 @icontract.require(lambda kind: _kind_ok(kind), enabled=ENABLED)
-@icontract.require(lambda kind, param: param > 0 or kind not in WINDOWED_KINDS, enabled=ENABLED)
+@icontract.require(lambda kind, param: param > 0 or kind not in SIZED_WINDOW_KINDS, enabled=ENABLED)
 @icontract.require(lambda num_computed_tokens: num_computed_tokens >= 0, enabled=ENABLED)
 @icontract.ensure(lambda result, num_computed_tokens: 0 <= result <= num_computed_tokens, enabled=ENABLED)
 @icontract.ensure(lambda result, kind: kind in WINDOWED_KINDS or result == 0, enabled=ENABLED)
-@defines(KV_HLC_002)
+@icontract.ensure(lambda result, kind, num_computed_tokens: kind != MAMBA or result == num_computed_tokens
+                  - min(num_computed_tokens, 1), "a Mamba group keeps one token's state", enabled=ENABLED)
+@defines(KV_HLC_002, KV_HLC_008)
 def skipped_tokens(kind: str, param: int, num_computed_tokens: int) -> int:
-    """Tokens before every future window of a group (KV-SWA-006, KV-CHUNK-002)."""
+    """Tokens before every future window of a group (KV-SWA-006, KV-CHUNK-002, KV-HLC-008)."""
     if kind == SLIDING_WINDOW:
         return max(0, num_computed_tokens - param + 1)
     if kind == CHUNKED_LOCAL:
         return num_computed_tokens // param * param
+    if kind == MAMBA:
+        return max(0, num_computed_tokens - 1)
     return 0
+
+
+@icontract.require(lambda slots, block_size, num_speculative_blocks:
+                   slots >= 0 and block_size > 0 and num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, slots: result >= slots, enabled=ENABLED)
+@icontract.ensure(lambda result, slots, block_size, num_speculative_blocks:
+                  cdiv(result, block_size) == cdiv(slots, block_size) + num_speculative_blocks,
+                  "exactly num_speculative_blocks more blocks", enabled=ENABLED)
+@defines(KV_HLC_008)
+def mamba_slots(slots: int, block_size: int, num_speculative_blocks: int) -> int:
+    """The slots a Mamba group without prefix caching allocates for ``slots`` tokens."""
+    return slots + block_size * num_speculative_blocks
 
 
 @icontract.require(lambda slots, block_size, num_held, num_skipped_tokens:
@@ -241,7 +279,7 @@ def table_nulls_ok(kind: str, is_null: tuple[bool, ...]) -> bool:
 @icontract.require(lambda start: start >= 0, enabled=ENABLED)
 @icontract.require(lambda block_size, alignment: block_size > 0 and alignment > 0
                    and alignment % block_size == 0, enabled=ENABLED)
-@icontract.require(lambda kind, param: param > 0 or kind not in WINDOWED_KINDS, enabled=ENABLED)
+@icontract.require(lambda kind, param: param > 0 or kind not in SIZED_WINDOW_KINDS, enabled=ENABLED)
 @icontract.ensure(lambda result, start, end, is_null:
                   all(start <= i < min(end, len(is_null)) and not is_null[i] for i in result), enabled=ENABLED)
 @icontract.ensure(lambda result: list(result) == sorted(set(result)), enabled=ENABLED)

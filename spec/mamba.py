@@ -61,8 +61,9 @@ KV_MAMBA_003 = rule(
     "KV-MAMBA-003",
     "Fine-grained partial hits and align-mode allocation are out of scope",
     """kvoracle specifies Mamba lookups with block_size == hash_block_size (no sub-block
-    hits); the engine's align-mode checkpoint and speculative-block allocation are not
-    modelled, so Mamba groups take part in lookup checks, not in lockstep allocation.""",
+    hits); the engine's align-mode checkpoint and speculative-block allocation (prefix
+    caching on) are not modelled, so with caching on Mamba groups take part in lookup checks,
+    not in lockstep allocation. With caching off ("none" mode) allocation is KV-HLC-008.""",
     source=f"vllm/v1/core/kv_cache_utils.py partial_hash_hits_enabled; {STKV} MambaManager",
     chapter=CHAPTER,
     kind="validation",

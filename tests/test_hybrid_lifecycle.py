@@ -32,14 +32,23 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
 
 FULL, SWA, CHUNK, CROSS = hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.CHUNKED_LOCAL, spec.CROSS_ATTENTION
+MAMBA = hybrid_spec.MAMBA
 
 
 # -- spec ----------------------------------------------------------------------------------
-@given(st.sampled_from([FULL, SWA, CHUNK, CROSS]), st.integers(1, 20), st.integers(0, 100))
+@given(st.sampled_from([FULL, SWA, CHUNK, CROSS, MAMBA]), st.integers(1, 20), st.integers(0, 100))
 def test_skipped_tokens_are_the_attention_types(kind: str, param: int, computed: int) -> None:
     expected = {SWA: sliding_window.num_skipped_tokens(computed, param),
-                CHUNK: chunked_local.num_skipped_tokens(computed, param)}.get(kind, 0)
+                CHUNK: chunked_local.num_skipped_tokens(computed, param),
+                MAMBA: max(computed - 1, 0)}.get(kind, 0)
     assert spec.skipped_tokens(kind, param, computed) == expected
+
+
+@given(st.integers(0, 100), st.integers(1, 16), st.integers(0, 3))
+def test_mamba_slots_add_whole_speculative_blocks(slots: int, size: int, speculative: int) -> None:
+    result = spec.mamba_slots(slots, size, speculative)
+    assert lifecycle.cdiv(result, size) == lifecycle.cdiv(slots, size) + speculative
+    assert result - slots == speculative * size
 
 
 @given(st.integers(0, 64), st.integers(1, 8), st.integers(0, 8), st.lists(st.booleans(), max_size=8),
@@ -120,6 +129,10 @@ def test_unitary_eagle_has_no_margin() -> None:
 def test_reference_rejects_what_it_does_not_specify() -> None:
     with pytest.raises(ConfigError, match="KV-MAMBA-003"):
         HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))
+    with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # "none" mode needs caching off
+        HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none")), 20, 64, 2))
+    with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # caching off, but "align" mode
+        HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2, enable_caching=False))
     with pytest.raises(ConfigError, match="KV-HLC-007"):
         HybridConfig((FullAttentionSpec(2), CrossAttentionSpec(2)), 20, 64, 2)
     with pytest.raises(ConfigError, match="KV-HYB-001"):
@@ -145,6 +158,35 @@ def test_reference_worked_example() -> None:
     manager.allocate_slots(second, second.num_tokens - hit, hit, blocks)
     # KV-HLC-003: 28 computed tokens skip 24, so 12 nulls, then the hit's last two blocks.
     assert manager.get_block_ids("b")[1][:14] == (0,) * 12 + (21, 22)
+
+
+def test_mamba_without_caching_keeps_one_state() -> None:
+    """KV-HLC-008: full attention (block 2) and a Mamba group (block 2, one speculative block),
+    caching off. The Mamba table keeps the block of the last computed token, nulls before it."""
+    config = HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none", num_speculative_blocks=1)),
+                          30, 16, 2, enable_caching=False)
+    manager = HybridKVCacheManager(config)
+    request = Request("a", tuple(range(7)), hash_block_size=2)
+    manager.allocate_slots(request, 7)
+    # 7 slots: 4 full-attention blocks; the Mamba group 4 + 1 speculative, nothing skipped yet.
+    assert [len(t) for t in manager.get_block_ids("a")] == [4, 5]
+    request.num_computed_tokens = 7
+    request.append_output_token_ids([1])
+    manager.allocate_slots(request, 1)
+    # 7 computed: 6 skipped tokens = 3 Mamba blocks freed and nulled; 8 slots need no new block.
+    full, mamba = manager.get_block_ids("a")
+    assert len(full) == 4 and mamba[:3] == (0, 0, 0) and 0 not in mamba[3:] and len(mamba) == 5
+    assert manager.pool.num_free_blocks() == 29 - 4 - 2
+
+
+def test_one_state_block_per_request() -> None:
+    """A Mamba block covering the model length: one state block (and the speculative ones) per request."""
+    config = HybridConfig((FullAttentionSpec(2), MambaSpec(16, mamba_cache_mode="none")), 30, 16, 2,
+                          enable_caching=False)
+    manager = HybridKVCacheManager(config)
+    request = Request("a", tuple(range(9)), hash_block_size=2)
+    manager.allocate_slots(request, 9)
+    assert [len(t) for t in manager.get_block_ids("a")] == [5, 1]
 
 
 def test_reference_suite_passes() -> None:
@@ -188,12 +230,17 @@ class IgnoresPartialTail(GroupTables):
         return None  # as if partial tail entries did not count: the freed block goes to the front
 
 
+class MambaKeepsEveryState(GroupTables):
+    def skipped_tokens(self, num_computed_tokens: int) -> int:
+        return 0 if self.kind == MAMBA else super().skipped_tokens(num_computed_tokens)
+
+
 def _engine(groups_class: type[GroupTables]) -> type[ReferenceHybridLifecycle]:
     class Manager(HybridKVCacheManager):
         def __init__(self, config: HybridConfig) -> None:
             super().__init__(config)
             self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
-                                             g.eagle) for g in self.groups)
+                                             g.eagle, g.num_speculative_blocks) for g in self.groups)
 
     return type(f"Broken_{groups_class.__name__}", (ReferenceHybridLifecycle,),
                 {"make_manager": lambda self, config: Manager(config)})
@@ -211,6 +258,9 @@ CASES = {
     "forgets adopted hits": (ForgetsAdoptedHits, "KV-POOL-002", [
         SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2, 3)), Run("a", 7), Release("a"),
         Arrive("b", (1, 2, 3, 0, 1, 2, 3, 3)), Run("b", 8)]),
+    "Mamba keeps every state": (MambaKeepsEveryState, "KV-HLC-008", [
+        LifecycleSetup(((FULL, 2, 0), (MAMBA, 2, 0)), 1, 40, 16, enable_caching=False),
+        Arrive("a", (1, 2, 3, 0, 1)), Run("a", 3), Run("a", 2)]),
     "ignores partial tail entries": (IgnoresPartialTail, "KV-HLC-006", [
         LifecycleSetup(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
         Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")]),

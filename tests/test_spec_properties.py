@@ -133,6 +133,7 @@ TESTED = {
     "hybrid_lifecycle.table_nulls_ok",
     "hybrid_lifecycle.blocks_to_cache",
     "hybrid_lifecycle.partial_tail_boundary",
+    "hybrid_lifecycle.mamba_slots",
     # Data integrity: slot_value and slot_violation also in tests/test_gpu.py.
     "data_integrity.slot_value",
     "data_integrity.slot_violation",
