@@ -133,7 +133,7 @@ class TorchKVCacheManager:
         held = 0 if table is None else table.numel()
         slots = lifecycle.num_slots(request.num_computed_tokens, num_new_computed_tokens,
                                     num_new_tokens, num_lookahead_tokens, self.max_model_len)
-        evictable = int(((self.pool.ref_cnt[hit] == 0) & (hit != 0)).sum()) if hit.numel() else 0
+        evictable = self.pool.num_free_among(hit)  # free hits leave the queue when touched
         needed = lifecycle.num_blocks_to_allocate(slots, self.block_size, held, hit.numel(),
                                                   evictable)
         if needed > self.pool.num_free_blocks():

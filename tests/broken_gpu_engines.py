@@ -69,7 +69,7 @@ class _KeepsKeysPool(TorchBlockPool):
         if not 0 <= n <= self.num_free_blocks():
             raise ValueError("cannot allocate")
         ids = self._pop_front(n)  # bug: no _drop_keys, the stale key still finds the block
-        self.ref_cnt[ids] = 1
+        self._ref_cnt.scatter_(0, ids, self._constant(n, 1))
         return ids
 
     def cache(self, block_ids, key_ids) -> None:

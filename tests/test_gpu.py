@@ -62,7 +62,8 @@ class _Pair:
         self.ref.free_blocks([self.ref.blocks[i] for i in ids])
         self.gpu.free(ids)
         for i in ids:
-            self.held.remove(i)
+            if i != 0:  # the null block is never held (touch does not count it either)
+                self.held.remove(i)
 
     def touch(self, ids: list[int]) -> None:
         self.ref.touch([self.ref.blocks[i] for i in ids])
@@ -132,6 +133,32 @@ def test_a_long_run_compacts_the_queue_and_keeps_lru_order() -> None:
         pair.check()
         pair.free([b for b in queue[1::3]])
         pair.check()
+
+
+def test_occurrence_marks_survive_the_stamp_wrap_and_the_null_block_stays_pinned() -> None:
+    """Batches with repeated ids and null blocks, across the int32 stamp overflow (where the
+    scratch is cleared once), keep the tensor pool equal to the reference pool."""
+    pair = _Pair(12, caching=True)
+    pair.gpu._stamp_base = 2 ** 31 - 1 - 20  # the next few batches cross the limit
+    for round_ in range(6):
+        pair.allocate(4)
+        table = pair.held[-4:]
+        pair.cache([(b, bytes([round_ + 1, k + 1]) * 4) for k, b in enumerate(table[:2])])
+        pair.touch([0, table[0], 0, table[1]])  # a second reference each, and two null ids
+        pair.free([table[1], 0, *reversed(table), table[0], 0])  # repeats reach 0 at the last
+        pair.check()
+        assert pair.gpu.ref_counts()[0] == 0 and 0 not in pair.gpu.free_queue().tolist()
+    assert pair.gpu._stamp_base < 2 ** 31 - 1 - 20  # the wrap happened
+
+
+def test_a_refused_free_leaves_the_pool_as_it_was() -> None:
+    pool = TorchBlockPool(6, True, CPU)
+    held = pool.allocate(3).tolist()
+    before = (pool.ref_counts().tolist(), pool.free_queue().tolist())
+    with pytest.raises(ValueError, match="KV-POOL-011"):
+        pool.free([held[0], 0, held[1], held[1]])
+    assert (pool.ref_counts().tolist(), pool.free_queue().tolist()) == before
+    assert pool.num_free_among([0, *held, 4, 5]) == 2  # the null block is never free
 
 
 def test_allocating_more_than_is_free_is_an_error() -> None:
