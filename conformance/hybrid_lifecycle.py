@@ -21,6 +21,10 @@ sized by the request's encoder tokens (KV-HLC-007), and Mamba groups in "none"
 mode (KV-HLC-008), sometimes one block per request. Mamba with caching on is not
 generated: its "align" allocation is not specified (KV-MAMBA-003).
 
+An engine in a paged KV store (``--engine paged-reference`` or ``paged-vllm``,
+:mod:`.engines.gpu`) claims ``kv_data``: its observations carry the store's data
+checks, one tensor per group, and the suite judges the KV-DATA rules too.
+
 Run it with ``kvoracle check --suite hybrid-lifecycle [--engine reference|vllm|module:Class]``.
 """
 
@@ -64,6 +68,9 @@ from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, vio
 HYBRID_LIFECYCLE_ENGINES: dict[str, str] = {
     "reference": "kvoracle.conformance.hybrid_lifecycle:ReferenceHybridLifecycle",
     "vllm": "kvoracle.conformance.engines.vllm_hybrid_lifecycle:VllmHybridLifecycle",
+    # The same engines in a paged KV store (needs torch): the KV-DATA rules are judged too.
+    "paged-reference": "kvoracle.conformance.engines.gpu:PagedHybridReferenceEngine",
+    "paged-vllm": "kvoracle.conformance.engines.gpu:PagedVllmHybridEngine",
 }
 #: The rules this suite judges; every other rule is "not applicable" in its report.
 SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "KV-LIFE-012",
@@ -71,6 +78,9 @@ SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "
          "KV-SWA-008", "KV-SWA-009", "KV-SWA-011", "KV-CROSS-001", "KV-FULL-002", "KV-LIFE-009",
          "KV-POOL-002", "KV-POOL-004", "KV-POOL-008", "KV-POOL-010", "KV-POOL-011",
          "KV-POOL-012", "KV-POOL-013", "KV-POOL-014", "KV-POOL-015", "KV-HLC-006", "KV-HLC-008")
+#: Judged as well when the engine keeps a paged KV store (it claims ``kv_data``).
+DATA_SCOPE = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004", "KV-DATA-005",
+              "KV-DATA-006")
 OUT_OF_SCOPE = "not judged by the hybrid lifecycle suite"
 NULL_BLOCK_ID = 0
 TOKENS = st.integers(0, 3)
@@ -225,6 +235,8 @@ def check_invariants(verdicts: Verdicts, setup: LifecycleSetup, observation: Obs
               lambda: f"a block is under two keys or the null block is cached: {dict(listed)}")
         check("KV-LIFE-012", setup.enable_caching or not observation.cached,
               lambda: f"{len(observation.cached)} keys cached with prefix caching off")
+    for rule_id, ok, message in observation.data_checks or ():  # KV-DATA, judged by the store
+        check(rule_id, ok, message)
 
 
 class LifecycleDriver:
@@ -695,8 +707,12 @@ def make_lifecycle_machine(engine_factory: Callable[[], HybridLifecycleAdapter],
     return bind_machine(HybridLifecycleMachine, "HybridLifecycle", engine_factory, verdicts, on_example)
 
 
-#: Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable.
-lifecycle_verdicts = scoped_verdicts(SCOPE, OUT_OF_SCOPE)
+def lifecycle_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
+    """Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable (and
+    outside :data:`DATA_SCOPE` too, for an engine ``probe`` that keeps no paged store)."""
+    claims = getattr(probe, "capabilities", None)
+    kv_data = bool(claims is not None and claims().kv_data)
+    return scoped_verdicts(SCOPE + DATA_SCOPE if kv_data else SCOPE, OUT_OF_SCOPE)(probe, expectations)
 
 
 def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:
@@ -707,7 +723,7 @@ def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:
 def replay_lifecycle(engine: str | Callable[[], HybridLifecycleAdapter], steps: Sequence[object]) -> Verdicts:
     """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
     factory = load_lifecycle_engine(engine) if isinstance(engine, str) else engine
-    return replay_steps(LifecycleDriver, factory, lifecycle_verdicts(None, None), steps)
+    return replay_steps(LifecycleDriver, factory, lifecycle_verdicts(factory(), None), steps)
 
 
 _TEMPLATE = '''\

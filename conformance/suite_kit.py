@@ -26,7 +26,11 @@ def scoped_verdicts(scope: Collection[str], reason: str) -> Callable[[object, di
     """The runner's ``make_verdicts`` for a suite judging the rules in ``scope``; every other
     rule is not applicable, for ``reason``."""
     def make(probe: object, expectations: dict[str, str] | None) -> Verdicts:
-        return Verdicts(Capabilities(), expectations, scope=lambda rule: rule.id in scope, out_of_scope=reason)
+        # The suite's own scope decides; capabilities only gate the KV-DATA rules, which a
+        # suite puts in scope only for an engine that keeps a paged store.
+        kv_data = any(rule_id.startswith("KV-DATA-") for rule_id in scope)
+        return Verdicts(Capabilities(kv_data=kv_data), expectations, scope=lambda rule: rule.id in scope,
+                        out_of_scope=reason)
     return make
 
 

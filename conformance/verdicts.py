@@ -66,6 +66,7 @@ REQUIREMENTS: dict[str, tuple[str, ...]] = {
     "KV-DATA-003": ("kv_data",),
     "KV-DATA-004": ("kv_data", "cache_map"),
     "KV-DATA-005": ("kv_data",),
+    "KV-DATA-006": ("kv_data",),
 }
 
 

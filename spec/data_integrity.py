@@ -33,6 +33,18 @@ cache key holds the data that key names (KV-DATA-004): reusing a cached block
 for other contents must drop its key first (KV-POOL-005). The null block
 stands for "no KV here" and is never written (KV-DATA-005).
 
+**Which positions a request relies on, group by group.** A hybrid model has one
+store per KV-cache group, each with its own block size and block table. In a
+full-attention group a request relies on every position it computed or adopted.
+A sliding-window or chunked-local group only reads a window: the positions before
+:func:`first_relied_position` (the skipped tokens of KV-SWA-006 and KV-CHUNK-002)
+are owed nothing -- their blocks may have been freed and rewritten by others
+(KV-SWA-007) or be the null block in a hit (KV-HLC-003). From that position on,
+the rules above hold in every group, and the positions a group relies on never
+lie in the null block (KV-DATA-006). Mamba and cross-attention groups hold no
+per-token KV of the request's own tokens (a recurrent state; the encoder's
+output), so the store writes nothing in them and these rules do not judge them.
+
 **Telling the failures apart.** The store remembers, per slot, when it was
 last changed (a write epoch), and per request, since when it relies on each
 position. A slot that differs from what the request expects was *overwritten*
@@ -55,6 +67,8 @@ from collections.abc import Sequence
 import icontract
 
 from .contracts import ENABLED
+from .hybrid import CHUNKED_LOCAL, FULL, SLIDING_WINDOW
+from .hybrid_lifecycle import skipped_tokens
 from .registry import defines, rule
 
 CHAPTER = "data_integrity"
@@ -105,6 +119,24 @@ KV_DATA_005 = rule(
     source=f"{POOL} BlockPool.__init__ (null_block); {RUNNER}",
     chapter=CHAPTER,
 )
+
+KV_DATA_006 = rule(
+    "KV-DATA-006",
+    "A group never keeps the positions a request relies on in the null block",
+    """In every group that holds per-token KV (full attention, sliding window, chunked local
+    attention), each position from first_relied_position up to the request's computed (or hit)
+    tokens lies in a real block of the group's block table, never in the null block and never
+    past the table's end. Before that position a windowed group owes nothing: its data may be
+    gone.""",
+    source="vllm/v1/core/single_type_kv_cache_manager.py SlidingWindowManager / "
+           "ChunkedLocalAttentionManager (get_num_skipped_tokens, remove_skipped_blocks, "
+           "find_longest_cache_hit)",
+    chapter=CHAPTER,
+)
+
+#: Kinds of group holding one slot of KV per token of the request: the store writes and
+#: judges these (Mamba keeps a recurrent state, cross-attention the encoder's output).
+TOKEN_KV_KINDS = (FULL, SLIDING_WINDOW, CHUNKED_LOCAL)
 
 #: The value of a slot no forward pass has written.
 UNWRITTEN = 0
@@ -198,3 +230,27 @@ def cached_block_intact(expected: tuple[int, ...], actual: tuple[int, ...]) -> b
 def null_block_unwritten(null_slots: tuple[int, ...]) -> bool:
     """Whether every slot of the null block is still unwritten."""
     return not any(null_slots)
+
+
+@icontract.require(lambda kind: kind in TOKEN_KV_KINDS, enabled=ENABLED)
+@icontract.require(lambda kind, param: kind == FULL or param > 0,
+                   "a window or chunk is at least one token", enabled=ENABLED)
+@icontract.require(lambda num_tokens: num_tokens >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens: 0 <= result <= num_tokens, enabled=ENABLED)
+@icontract.ensure(lambda result, kind: kind != FULL or result == 0,
+                  "full attention relies on every position", enabled=ENABLED)
+@icontract.ensure(lambda result, kind, param, num_tokens: kind != SLIDING_WINDOW
+                  or num_tokens - result == min(num_tokens, param - 1),
+                  "a sliding window relies on the window - 1 positions before the next token",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, kind, param: kind != CHUNKED_LOCAL or result % param == 0,
+                  "a chunked-local group relies on its current chunk", enabled=ENABLED)
+@defines(KV_DATA_006)
+def first_relied_position(kind: str, param: int, num_tokens: int) -> int:
+    """The first position a group relies on once a request has ``num_tokens`` tokens computed.
+
+    ``param`` is the sliding window or the attention chunk size (ignored for full
+    attention). The positions before it are the group's skipped tokens: what the next
+    token cannot attend to in that group.
+    """
+    return skipped_tokens(kind, param, num_tokens)

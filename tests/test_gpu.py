@@ -33,7 +33,7 @@ from kvoracle.spec import get_rule
 CPU = torch.device("cpu")
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 GOOD = {"pass", "not-applicable"}
-KV_DATA = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004", "KV-DATA-005")
+KV_DATA = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004", "KV-DATA-005", "KV-DATA-006")
 
 
 # -- the tensor pool follows the reference pool, operation by operation -----------------------

@@ -139,6 +139,7 @@ TESTED = {
     "data_integrity.slot_violation",
     "data_integrity.cached_block_intact",
     "data_integrity.null_block_unwritten",
+    "data_integrity.first_relied_position",
     # External store: tests/test_external_store_spec.py.
     "external_store.local_eagle_groups",
     "external_store.store_eagle_groups",
@@ -750,3 +751,21 @@ def test_block_and_null_block_checks(values: list[int], index: int) -> None:
         assert not data_integrity.cached_block_intact(expected, tuple(changed))
     assert data_integrity.null_block_unwritten((data_integrity.UNWRITTEN,) * len(values)) is True
     assert data_integrity.null_block_unwritten(expected) == all(v == data_integrity.UNWRITTEN for v in values)
+
+
+@given(kind=st.sampled_from(["full", "sliding_window", "chunked_local"]), param=st.integers(1, 9),
+       num_tokens=st.integers(0, 40), later=st.integers(0, 10))
+def test_first_relied_position_only_moves_forward_and_keeps_the_window(
+        kind: str, param: int, num_tokens: int, later: int) -> None:
+    """The relied-on suffix starts where the group's skipped tokens end, never moves back
+    as tokens are computed (a block given up is never relied on again), and holds what the
+    next token attends to: every position for full attention, window - 1 positions for a
+    sliding window, the current chunk for chunked local attention."""
+    from kvoracle.spec import data_integrity, hybrid_lifecycle
+    first = data_integrity.first_relied_position(kind, param, num_tokens)
+    assert first == hybrid_lifecycle.skipped_tokens(kind, param, num_tokens)
+    assert first <= data_integrity.first_relied_position(kind, param, num_tokens + later)
+    relied = num_tokens - first
+    expected = {"full": num_tokens, "sliding_window": min(num_tokens, param - 1),
+                "chunked_local": num_tokens % param}[kind]
+    assert relied == expected

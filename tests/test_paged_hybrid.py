@@ -1,0 +1,122 @@
+"""The paged KV store around hybrid engines: one tensor per KV-cache group (KV-DATA).
+
+The hybrid lifecycle suite judges the KV-DATA rules for an engine in a paged store
+(``--engine paged-reference`` / ``paged-vllm``). Each group holds its own data and is
+judged only on the positions it still relies on (``first_relied_position``,
+KV-DATA-006): a sliding-window or chunked-local group owes nothing before its window.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from kvoracle.conformance.engines.gpu import PagedHybridReferenceEngine, _Group
+from kvoracle.conformance.hybrid_lifecycle import (
+    DATA_SCOPE,
+    Arrive,
+    LifecycleSetup,
+    Release,
+    Run,
+    lifecycle_suite,
+    lifecycle_verdicts,
+    replay_lifecycle,
+)
+from kvoracle.conformance.runner import RunOptions, run_suite
+from kvoracle.conformance.verdicts import RuleViolation
+from kvoracle.gpu import torch
+from kvoracle.reference.hybrid_manager import HybridKVCacheManager
+
+GOOD = {"pass", "not-applicable"}
+
+#: Full attention (block 2) beside a sliding window of 3 tokens (block 4): two tables.
+TWO_GROUPS = LifecycleSetup((("full", 2, 0), ("sliding_window", 4, 3)), hash_block_size=2,
+                            num_blocks=24, max_model_len=24)
+
+
+class OneTableForAllGroups(PagedHybridReferenceEngine):
+    """A model runner that writes every group's KV through the first group's block table."""
+
+    name = "broken-one-table-for-all-groups"
+
+    def _write_tables(self, request_id: str) -> list[torch.Tensor]:
+        tables = super()._write_tables(request_id)
+        return [tables[0]] * len(tables)
+
+
+def test_the_data_rules_are_judged_only_for_an_engine_that_keeps_a_store() -> None:
+    with_store = lifecycle_verdicts(PagedHybridReferenceEngine(), None)
+    without = lifecycle_verdicts(None, None)
+    for rule_id in DATA_SCOPE:
+        assert with_store.outcomes[rule_id].not_applicable is None
+        assert without.outcomes[rule_id].not_applicable is not None
+
+
+def test_paged_reference_passes_the_hybrid_lifecycle_suite_with_every_data_rule() -> None:
+    result = run_suite(PagedHybridReferenceEngine, RunOptions(max_examples=120, replay_dir=None),
+                       suite=lifecycle_suite())
+    outcomes = result.verdicts.outcomes
+    assert result.ok, [(rule_id, o.outcome) for rule_id, o in outcomes.items()
+                       if o.outcome not in GOOD]
+    for rule_id in DATA_SCOPE:
+        assert outcomes[rule_id].checks > 0, rule_id
+
+
+def test_a_windowed_group_is_judged_on_its_window_only() -> None:
+    """A sliding window frees the blocks behind it, and others overwrite them; that breaks
+    no data rule. The reference, in the store, passes a case where it happens."""
+    steps = [TWO_GROUPS,
+             Arrive("r0", tuple(range(4)) * 4),  # 16 tokens
+             Run("r0", 16),
+             Arrive("r1", (3, 2, 1, 0) * 3),
+             Run("r1", 12),  # r0 keeps running: its window moved past blocks it gave up
+             Release("r1"),
+             Arrive("r2", (1, 1, 2, 2) * 4),
+             Run("r2", 16)]
+    verdicts = replay_lifecycle(PagedHybridReferenceEngine, steps)
+    assert verdicts.outcomes["KV-DATA-006"].checks > 0
+    assert verdicts.outcomes["KV-DATA-003"].checks > 0
+
+
+def test_writes_through_another_groups_table_are_caught_on_a_fixed_case() -> None:
+    steps = [TWO_GROUPS, Arrive("r0", (0, 1, 2, 3, 0, 1, 2, 3, 1, 1)), Run("r0", 10)]
+    replay_lifecycle(PagedHybridReferenceEngine, steps)
+    with pytest.raises(RuleViolation) as caught:
+        replay_lifecycle(OneTableForAllGroups, steps)
+    assert caught.value.rule_id == "KV-DATA-003"
+    assert "group 1" in caught.value.message
+
+
+@pytest.mark.slow
+def test_writes_through_another_groups_table_are_found_by_the_suite(tmp_path: Path) -> None:
+    result = run_suite(OneTableForAllGroups, RunOptions(max_examples=150, max_rounds=1,
+                                                        replay_dir=tmp_path), suite=lifecycle_suite())
+    failed = {rule_id for rule_id, o in result.verdicts.outcomes.items()
+              if o.outcome in ("fail", "error")}
+    assert failed and failed <= {"KV-DATA-001", "KV-DATA-002", "KV-DATA-003"}, failed
+    assert list(tmp_path.glob("*.py")), "no replay file was written"
+
+
+@pytest.mark.parametrize(("table", "first", "stop", "ok"), [
+    ((5, 6, 7), 0, 6, True),
+    ((0, 6, 7), 2, 6, True),     # the null block lies before the window
+    ((0, 6, 7), 1, 6, False),    # position 1 is relied on, and in the null block
+    ((5, 0, 7), 4, 6, True),
+    ((5, 6), 2, 5, False),       # position 4 is past the table's end
+])
+def test_relied_positions_must_lie_in_real_blocks(table: tuple[int, ...], first: int, stop: int,
+                                                  ok: bool) -> None:
+    store = PagedHybridReferenceEngine()
+    store.groups = (_Group("sliding_window", 2, 3),)
+    rule_id, passed, message = store._null_in_reach(0, torch.tensor(table), first, stop)
+    assert rule_id == "KV-DATA-006" and passed == ok
+    assert ok or "group 0" in message
+
+
+def test_the_reference_hybrid_manager_is_what_the_paged_reference_wraps() -> None:
+    engine = PagedHybridReferenceEngine()
+    engine.configure(TWO_GROUPS.config())
+    assert isinstance(engine.inner.manager, HybridKVCacheManager)
+    assert [g.kind for g in engine.groups] == ["full", "sliding_window"]
+    assert engine.store is not None and engine.store.block_sizes == (2, 4)
