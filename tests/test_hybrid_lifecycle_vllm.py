@@ -36,3 +36,16 @@ def test_bounded_suite_passes(seed: int) -> None:
     result = run_suite("vllm", RunOptions(max_examples=200, seed=seed, replay_dir=None), suite=lifecycle_suite())
     assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
                        for o in result.verdicts.outcomes.values() if o.outcome not in ("pass", "not-applicable")]
+
+
+def test_vllm_in_a_paged_store_keeps_every_groups_data() -> None:
+    """KV-DATA-001..006 around vLLM's hybrid manager: one store tensor per group."""
+    pytest.importorskip("torch", reason="the paged store needs torch")
+    from kvoracle.conformance.hybrid_lifecycle import DATA_SCOPE
+
+    result = run_suite("paged-vllm", RunOptions(max_examples=150, seed=1, replay_dir=None),
+                       suite=lifecycle_suite())
+    outcomes = result.verdicts.outcomes
+    assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
+                       for o in outcomes.values() if o.outcome not in ("pass", "not-applicable")]
+    assert all(outcomes[rule_id].checks > 0 for rule_id in DATA_SCOPE)
