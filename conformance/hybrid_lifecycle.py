@@ -22,7 +22,7 @@ mode (KV-HLC-008), sometimes one block per request. Mamba with caching on is not
 generated: its "align" allocation is not specified (KV-MAMBA-003).
 
 An engine in a paged KV store (``--engine paged-reference`` or ``paged-vllm``,
-:mod:`.engines.gpu`) claims ``kv_data``: its observations carry the store's data
+:mod:`.engines.paged_store`) claims ``kv_data``: its observations carry the store's data
 checks, one tensor per group, and the suite judges the KV-DATA rules too.
 
 Run it with ``kvoracle check --suite hybrid-lifecycle [--engine reference|vllm|module:Class]``.
@@ -69,8 +69,8 @@ HYBRID_LIFECYCLE_ENGINES: dict[str, str] = {
     "reference": "kvoracle.conformance.hybrid_lifecycle:ReferenceHybridLifecycle",
     "vllm": "kvoracle.conformance.engines.vllm_hybrid_lifecycle:VllmHybridLifecycle",
     # The same engines in a paged KV store (needs torch): the KV-DATA rules are judged too.
-    "paged-reference": "kvoracle.conformance.engines.gpu:PagedHybridReferenceEngine",
-    "paged-vllm": "kvoracle.conformance.engines.gpu:PagedVllmHybridEngine",
+    "paged-reference": "kvoracle.conformance.engines.paged_store:PagedHybridReferenceEngine",
+    "paged-vllm": "kvoracle.conformance.engines.paged_store:PagedVllmHybridEngine",
 }
 #: The rules this suite judges; every other rule is "not applicable" in its report.
 SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "KV-LIFE-012",

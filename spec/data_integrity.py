@@ -54,7 +54,7 @@ the request was *given* the wrong data: an unwritten slot from a hit
 states the classification.
 
 Engines are judged on these rules only through an adapter that keeps the
-store (``kvoracle.conformance.engines.gpu.PagedStoreWrapper``, any engine) and
+store (``kvoracle.conformance.engines.paged_store.PagedStoreWrapper``, any engine) and
 declares the ``kv_data`` capability; the store needs torch (``kvoracle.gpu``).
 This chapter itself is pure Python.
 """

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kvoracle.conformance.engines.gpu import PagedHybridReferenceEngine, _Group
+from kvoracle.conformance.engines.paged_store import PagedHybridReferenceEngine, _Group
 from kvoracle.conformance.hybrid_lifecycle import (
     DATA_SCOPE,
     Arrive,
