@@ -1,8 +1,8 @@
 """Batched block-pool throughput: reference vs vLLM's BlockPool vs the torch allocator.
 
-Measures allocate / free / touch throughput in blocks per second at several batch sizes
-and pool sizes, and the memory of allocator state per block. Figures are printed, never
-asserted.
+Measures allocate / free / touch / lookup throughput in blocks (keys) per second at
+several batch sizes and pool sizes, and the memory of allocator state per block. Figures
+are printed, never asserted.
 
     python benchmarks/bench_allocator.py                     # every implementation found
     python benchmarks/bench_allocator.py --pools 10000 --batches 1 64 4096 --budget 0.5
@@ -22,7 +22,11 @@ allocate  pop b blocks at a time from a fresh queue until fewer than b are free;
 free      free b-block batches (each tail first, as a request frees its table) of an
           allocated pool, the queue growing at the front;
 touch     touch b blocks at a time, picked at random among free blocks, so that each one
-          leaves the middle of the queue (the costly case of a prefix hit).
+          leaves the middle of the queue (the costly case of a prefix hit);
+lookup    with every block cached under its own key, look up b keys (half of them cached)
+          right after the cache changed: before each batch one block is evicted and cached
+          again under a new key (untimed), as a serving step caches and evicts between the
+          lookups of the next step's requests.
 
 Only the operations are timed. The Python pools take lists of their block objects, the
 torch pool int64 id tensors already on its device, as each engine would hold them. Each
@@ -70,6 +74,7 @@ class PythonPool:
             self.free = self.pool.free_blocks
             self.touch = self.pool.touch
             self.num_free = self.pool.num_free_blocks
+            self.lookup = lambda keys: [self.pool.get_cached_block((key, 0)) for key in keys]
         else:
             from vllm.v1.core.block_pool import BlockPool as VllmBlockPool
 
@@ -78,12 +83,31 @@ class PythonPool:
             self.free = self.pool.free_blocks
             self.touch = self.pool.touch
             self.num_free = self.pool.get_num_free_blocks
+            self.lookup = lambda keys: [self.pool.get_cached_block(key, [0]) for key in keys]
 
     def handles(self, ids: list[int]) -> list:
         return [self.pool.blocks[i] for i in ids]
 
     def reversed(self, handles: list) -> list:
         return handles[::-1]
+
+    def keys(self, numbers: list[int]) -> list[bytes]:
+        return [n.to_bytes(32, "little") for n in numbers]
+
+    def cache(self, block_ids: list[int], keys: list[bytes]) -> None:
+        """Cache blocks under keys (untimed set-up)."""
+        if self.kind == "reference":
+            self.pool.cache_blocks([(self.pool.blocks[b], (k, 0)) for b, k in zip(block_ids, keys)])
+            return
+        from vllm.v1.core.kv_cache_utils import make_block_hash_with_group_id
+
+        for block_id, key in zip(block_ids, keys):  # what cache_full_blocks does per block
+            block = self.pool.blocks[block_id]
+            block.set_block_hash(make_block_hash_with_group_id(key, 0))
+            self.pool.cached_block_hash_to_block.insert(block.block_hash, block)
+
+    def evict(self, block_ids: list[int]) -> None:
+        self.pool.evict_blocks(set(block_ids) if self.kind == "vllm" else block_ids)
 
     def sync(self) -> None:
         return None
@@ -103,6 +127,18 @@ class TensorPool:
 
     def reversed(self, handles: torch.Tensor) -> torch.Tensor:
         return handles.flip(0)
+
+    def keys(self, numbers: list[int]) -> torch.Tensor:
+        return torch.tensor(numbers, dtype=torch.int64, device=self.device)  # key ids
+
+    def cache(self, block_ids: list[int], keys: torch.Tensor) -> None:
+        self.pool.cache(self.handles(block_ids), keys)
+
+    def evict(self, block_ids: list[int]) -> None:
+        self.pool.evict(self.handles(block_ids))
+
+    def lookup(self, keys: torch.Tensor) -> torch.Tensor:
+        return self.pool.lookup(keys)
 
     def sync(self) -> None:
         if self.device.type == "cuda":
@@ -167,6 +203,27 @@ def bench_touch(pool, batch: int, budget: float, num_blocks: int) -> float:
     return blocks / spent
 
 
+def bench_lookup(kind: str, num_blocks: int, batch: int, budget: float) -> float:
+    """Keys looked up per second, each batch right after one block was cached anew."""
+    pool = make_pool(kind, num_blocks)  # a pool of its own: every block gets cached
+    blocks = list(range(1, num_blocks))
+    pool.cache(blocks, pool.keys(blocks))  # block b under key b
+    rng = random.Random(num_blocks + batch)
+    spent, looked_up, fresh = 0.0, 0, num_blocks
+    while spent < budget:
+        block = rng.randrange(1, num_blocks)  # untimed: the cache changes between steps
+        pool.evict([block])
+        pool.cache([block], pool.keys([fresh]))
+        fresh += 1
+        # Half hits, half keys never cached (or evicted).
+        queries = pool.keys([rng.randrange(1, num_blocks) if i % 2 else num_blocks * 4 + i
+                             for i in range(batch)])
+        elapsed, _ = _timed(pool, lambda queries=queries: pool.lookup(queries))
+        spent += elapsed
+        looked_up += batch
+    return looked_up / spent
+
+
 def python_bytes_per_block(kind: str, num_blocks: int) -> float:
     tracemalloc.start()
     before = tracemalloc.get_traced_memory()[0]
@@ -220,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     if torch is not None:
         print(f"python {sys.version.split()[0]}, torch {torch.__version__}, "
               f"{torch.get_num_threads()} CPU threads, CUDA {torch.cuda.is_available()}")
-    results: dict[tuple[str, int, int], tuple[float, float, float]] = {}
+    results: dict[tuple[str, int, int], tuple[float, ...]] = {}
     print(f"\n{'implementation':<12} {'pool':>9} {'batch':>6} {'allocate/s':>13} "
-          f"{'free/s':>13} {'touch/s':>13}")
+          f"{'free/s':>13} {'touch/s':>13} {'lookup/s':>13}")
     for num_blocks in args.pools:
         for kind in impls:
             pool = make_pool(kind, num_blocks)
@@ -231,7 +288,8 @@ def main(argv: list[str] | None = None) -> int:
                     continue
                 figures = (bench_allocate(pool, batch, args.budget),
                            bench_free(pool, batch, args.budget, num_blocks),
-                           bench_touch(pool, batch, args.budget, num_blocks))
+                           bench_touch(pool, batch, args.budget, num_blocks),
+                           bench_lookup(kind, num_blocks, batch, args.budget))
                 results[kind, num_blocks, batch] = figures
                 print(f"{kind:<12} {num_blocks:>9,} {batch:>6} "
                       + " ".join(f"{f:>13,.0f}" for f in figures), flush=True)
@@ -245,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
             size = make_pool(kind, num_blocks).pool.state_bytes() / num_blocks
         print(f"  {kind:<12} {size:8.1f}")
     if "vllm" in impls:
-        print("\nspeed-up over vLLM's BlockPool (allocate / free / touch)")
+        print("\nspeed-up over vLLM's BlockPool (allocate / free / touch / lookup)")
         for kind in (k for k in impls if k.startswith("torch")):
             for (impl, num_blocks, batch), figures in results.items():
                 base = results.get(("vllm", num_blocks, batch))

@@ -35,10 +35,19 @@ Cache keys are kvoracle's (hash bytes, group id) pairs. Tensors hold them as
 64-bit ids (:meth:`key_id`): the first 8 bytes of the hash mixed with the group.
 Two different keys with the same 64 bits are a collision, resolved explicitly
 by probing to the next free id; the pool keeps the full key of every id it
-issued, so a lookup never confuses two prefixes. The key -> blocks lookup is
-a sorted view of the cached blocks by (key id, caching order), searched with
-``searchsorted``; it is rebuilt lazily on the first lookup after the cache
-changed (O(C log C) for C cached blocks).
+issued, so a lookup never confuses two prefixes.
+
+The key -> blocks lookup is an index of (key id, block, caching stamp) entries
+in two parts, both searched with ``searchsorted``: a *base* sorted by (key id,
+caching order), and a small *delta* of the entries cached since the base was
+last rebuilt (every delta entry is newer than every base entry). Caching only
+appends to the delta; when the delta outgrows a quarter of the base it is sorted
+and merged in (O(C) for C entries, no full sort). Dropping a key (allocation,
+eviction, reset) does not touch the index: an entry is *live* while its block
+still holds its key and caching stamp, and a lookup skips dead entries under the
+key it searches, a round per dead entry in a row. Dead entries are purged at the
+next merge, which a lookup forces once they may be half the index. So caching
+and dropping cost O(batch), and a lookup O(batch log C) plus an amortized merge.
 
 Gathers and scatters use ``gather`` / ``scatter_`` / ``scatter_add_`` with a source
 tensor (constants come from cached buffers) and ``masked_select``, rather than
@@ -80,6 +89,12 @@ class TorchBlockPool:
     (any integer sequence is accepted as input).
     """
 
+    #: The delta is merged into the base once it holds more than this many entries and a
+    #: quarter of the base.
+    MERGE_MIN = 1024
+    #: A lookup purges dead entries once they may exceed half the index plus this slack.
+    DEAD_SLACK = 64
+
     def __init__(self, num_blocks: int, enable_caching: bool,
                  device: torch.device | str | None = None) -> None:
         if num_blocks < 2:
@@ -109,9 +124,7 @@ class TorchBlockPool:
         # Key ids: full key <-> 64-bit id, both ways (collisions resolved by probing).
         self._key_of_id: dict[int, KeyRef] = {}
         self._id_of_key: dict[KeyRef, int] = {}
-        self._index_dirty = True
-        self._index_keys = torch.empty(0, dtype=torch.int64, device=dev)
-        self._index_blocks = torch.empty(0, dtype=torch.int64, device=dev)
+        self._clear_index()
 
     # -- helpers -------------------------------------------------------------------------
     def _ids(self, block_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
@@ -353,16 +366,20 @@ class TorchBlockPool:
                 not bool(self._occurrence_mask(ids, last=False).all()):
             raise ValueError("KV-POOL-002/KV-POOL-015: only non-null uncached blocks, each "
                              "once, are cached")
+        stamps = torch.arange(self._seq, self._seq + ids.numel(), device=self.device)
         self.block_key.scatter_(0, ids, keys)
-        self.block_seq.scatter_(0, ids, torch.arange(self._seq, self._seq + ids.numel(),
-                                                     device=self.device))
+        self.block_seq.scatter_(0, ids, stamps)
         self._seq += ids.numel()
-        self._index_dirty = True
+        self._delta.append((keys, ids, stamps))
+        self._delta_len += ids.numel()
+        self._delta_sorted = None
+        if self._delta_len > max(self.MERGE_MIN, self._base[0].numel() // 4):
+            self._merge()
 
     def _drop_keys(self, ids: torch.Tensor) -> None:
-        if bool(self.block_key.gather(0, ids).any()):  # (a clean index stays clean)
+        if bool(self.block_key.gather(0, ids).any()):
             self.block_key.scatter_(0, ids, self._constant(ids.numel(), 0, torch.int64))
-            self._index_dirty = True
+            self._dead += ids.numel()  # (at most: the index entries of these blocks die)
 
     def evict(self, block_ids: torch.Tensor | Sequence[int]) -> None:
         """KV-POOL-013: drop the listed blocks' keys; counts and the queue are untouched."""
@@ -378,34 +395,100 @@ class TorchBlockPool:
         if self.num_free_blocks() != self.num_blocks - 1:
             return False
         self.block_key.zero_()
-        self._index_dirty = True
+        self._clear_index()
         return True
 
     # -- lookup --------------------------------------------------------------------------
-    def _index(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Cached blocks sorted by (key id, caching order), and their key ids."""
-        if self._index_dirty:
-            cached = (self.block_key != 0).nonzero().squeeze(1)
-            by_seq = cached.index_select(0, torch.argsort(self.block_seq.index_select(0, cached)))
-            blocks = by_seq.index_select(0, torch.argsort(self.block_key.index_select(0, by_seq),
-                                                          stable=True))
-            self._index_blocks, self._index_keys = blocks, self.block_key.index_select(0, blocks)
-            self._index_dirty = False
-        return self._index_keys, self._index_blocks
+    def _clear_index(self) -> None:
+        empty = torch.empty(0, dtype=torch.int64, device=self.device)
+        #: Entries (key ids, blocks, caching stamps), sorted by key id then stamp.
+        self._base: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (empty, empty, empty)
+        #: Entries cached since the last merge, one (keys, blocks, stamps) per batch.
+        self._delta: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+        self._delta_len = 0
+        self._delta_sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        #: An upper bound on the dead entries in the index.
+        self._dead = 0
+
+    def _sorted_delta(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The delta sorted by key id, caching order kept among equal keys."""
+        if self._delta_sorted is None:
+            if not self._delta:
+                return self._base[0][:0], self._base[1][:0], self._base[2][:0]
+            keys, blocks, stamps = (torch.cat(part) for part in zip(*self._delta))
+            order = torch.argsort(keys, stable=True)
+            self._delta_sorted = (keys.index_select(0, order), blocks.index_select(0, order),
+                                  stamps.index_select(0, order))
+        return self._delta_sorted
+
+    def _live(self, blocks: torch.Tensor, keys: torch.Tensor, stamps: torch.Tensor
+              ) -> torch.Tensor:
+        """Which entries still hold: their block has their key, cached at their stamp."""
+        return (self.block_key.gather(0, blocks) == keys) & \
+            (self.block_seq.gather(0, blocks) == stamps)
+
+    def _merge(self) -> None:
+        """Purge dead entries and merge the sorted delta into the base: O(C), no full sort."""
+        parts = []
+        for keys, blocks, stamps in (self._base, self._sorted_delta()):
+            live = self._live(blocks, keys, stamps)
+            parts.append(tuple(torch.masked_select(t, live) for t in (keys, blocks, stamps)))
+        (base_keys, *base_rest), (new_keys, *new_rest) = parts
+        c, k = base_keys.numel(), new_keys.numel()
+        # A delta entry goes after the base entries of its key (it is newer): before base
+        # entry ins[j]; base entry i moves up by the number of delta entries before it.
+        ins = torch.searchsorted(base_keys, new_keys, right=True)
+        new_at = ins + torch.arange(k, device=self.device)
+        base_at = torch.arange(c, device=self.device) + torch.cumsum(
+            torch.bincount(ins, minlength=c + 1), 0)[:c]
+        merged = []
+        for old, new in zip((base_keys, *base_rest), (new_keys, *new_rest)):
+            out = torch.empty(c + k, dtype=torch.int64, device=self.device)
+            out.scatter_(0, base_at, old)
+            out.scatter_(0, new_at, new)
+            merged.append(out)
+        self._clear_index()
+        self._base = tuple(merged)  # type: ignore[assignment]
+
+    def _find(self, index: tuple[torch.Tensor, torch.Tensor, torch.Tensor], keys: torch.Tensor
+              ) -> torch.Tensor:
+        """Per key, the block of its first live entry in ``index`` (sorted), or -1."""
+        index_keys, index_blocks, index_stamps = index
+        found = torch.full_like(keys, -1)
+        n = index_keys.numel()
+        if n == 0:
+            return found
+        at = torch.searchsorted(index_keys, keys)
+        searching = torch.ones_like(keys, dtype=torch.bool)
+        while True:  # one round per dead entry in a row under a searched key
+            here = at.clamp(max=n - 1)
+            same = searching & (at < n) & (index_keys.gather(0, here) == keys)
+            if not bool(same.any()):
+                return found
+            blocks = index_blocks.gather(0, here)
+            live = same & self._live(blocks, keys, index_stamps.gather(0, here))
+            found = torch.where(live, blocks, found)
+            searching = same & ~live
+            at = at + searching.to(at.dtype)
 
     def lookup(self, key_ids: torch.Tensor | Sequence[int]) -> torch.Tensor:
         """KV-POOL-009: per key, the earliest-cached block still under it, or -1."""
         keys = self._ids(key_ids)
-        index_keys, index_blocks = self._index()
-        if index_keys.numel() == 0 or keys.numel() == 0:
+        if keys.numel() == 0:
             return torch.full_like(keys, -1)
-        at = torch.searchsorted(index_keys, keys).clamp_(max=index_keys.numel() - 1)
-        return torch.where(index_keys.index_select(0, at) == keys,
-                           index_blocks.index_select(0, at), -1)
+        if self._dead > (self._base[0].numel() + self._delta_len) // 2 + self.DEAD_SLACK:
+            self._merge()  # mostly dead entries: purge them before they cost rounds
+        found = self._find(self._base, keys)
+        if self._delta_len:  # delta entries are newer: they answer only what the base cannot
+            missing = found < 0
+            if bool(missing.any()):
+                found = torch.where(missing, self._find(self._sorted_delta(), keys), found)
+        return found
 
     def cached_map(self) -> dict[KeyRef, tuple[int, ...]]:
         """Cache key -> blocks under it, in caching order (for observation)."""
-        index_keys, index_blocks = self._index()
+        self._merge()
+        index_keys, index_blocks, _ = self._base
         out: dict[KeyRef, list[int]] = {}
         for key_id, block_id in zip(index_keys.tolist(), index_blocks.tolist()):
             out.setdefault(self._key_of_id[key_id], []).append(block_id)

@@ -119,6 +119,72 @@ def test_tensor_pool_matches_the_reference_pool(num_blocks: int, caching: bool,
             assert found == (block.block_id if block is not None else -1)
 
 
+@pytest.mark.parametrize("merge_min, dead_slack", [(10 ** 9, 10 ** 9), (1, 0)],
+                         ids=["delta-and-dead-entries", "merge-every-time"])
+@settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
+@given(num_blocks=st.integers(2, 24), ops=OPS)
+def test_lookups_match_the_reference_through_the_index_delta_and_dead_entries(
+        merge_min: int, dead_slack: int, num_blocks: int, ops: list[tuple[str, int]]) -> None:
+    """The same operations, comparing only lookups after each one (``cached_map`` merges
+    the index, so it is compared once, at the end): with merges put off, lookups search
+    the delta and skip dead entries; with a merge at every chance, they search the base."""
+    pair = _Pair(num_blocks, caching=True)
+    pair.gpu.MERGE_MIN, pair.gpu.DEAD_SLACK = merge_min, dead_slack
+    keys = [(h, 0) for h in HASHES]
+    for op, seed in ops:
+        held = pair.held
+        if op == "alloc":
+            pair.allocate(seed % (pair.gpu.num_free_blocks() + 1))
+        elif op == "free" and held:
+            pair.free(list(dict.fromkeys(held[(seed >> (3 * k)) % len(held)]
+                                         for k in range(1 + seed % 4))))
+        elif op == "touch":
+            pair.touch([(seed >> (5 * k)) % num_blocks for k in range(1 + seed % 3)])
+        elif op == "cache":
+            uncached = [b for b in dict.fromkeys(held) if pair.ref.blocks[b].cache_key is None]
+            pair.cache([(b, HASHES[(seed + b) % len(HASHES)]) for b in uncached[:1 + seed % 3]])
+        elif op == "evict":
+            ids = [(seed >> (4 * k)) % num_blocks for k in range(seed % 3)]
+            pair.ref.evict_blocks(ids)
+            pair.gpu.evict(ids)
+        elif op == "reset":
+            assert pair.gpu.reset_prefix_cache() == pair.ref.reset_prefix_cache()
+        expected = [getattr(pair.ref.get_cached_block(key), "block_id", -1) for key in keys]
+        assert pair.gpu.lookup([pair.gpu.key_id(key) for key in keys]).tolist() == expected
+    pair.check()
+
+
+@pytest.mark.parametrize("merge_min, dead_slack", [(10 ** 9, 10 ** 9), (1, 0), (2, 1)])
+def test_a_lookup_skips_dead_entries_to_the_earliest_block_still_cached(
+        merge_min: int, dead_slack: int) -> None:
+    """Several blocks under one key (KV-POOL-009), the earliest ones' keys dropped, one block
+    cached again under the same key: each lookup returns the earliest block still cached."""
+    pair = _Pair(8, caching=True)
+    pair.gpu.MERGE_MIN, pair.gpu.DEAD_SLACK = merge_min, dead_slack
+    key = (HASHES[0], 0)
+    key_id = pair.gpu.key_id(key)
+
+    def expect(block_id: int) -> None:
+        assert getattr(pair.ref.get_cached_block(key), "block_id", -1) == block_id
+        assert pair.gpu.lookup([key_id]).tolist() == [block_id]
+
+    pair.allocate(4)  # blocks 1..4
+    pair.cache([(1, HASHES[0]), (2, HASHES[0]), (3, HASHES[0])])
+    expect(1)
+    for evicted, then in (([1], 2), ([2], 3), ([3], -1)):
+        pair.ref.evict_blocks(evicted)
+        pair.gpu.evict(evicted)
+        expect(then)
+    pair.cache([(4, HASHES[0])])
+    expect(4)
+    pair.cache([(1, HASHES[0])])  # block 1 again, under its old key, after block 4
+    expect(4)
+    pair.ref.evict_blocks([4])
+    pair.gpu.evict([4])
+    expect(1)
+    pair.check()
+
+
 def test_a_long_run_compacts_the_queue_and_keeps_lru_order() -> None:
     """Many touches (holes) and frees at both ends force recentering; order stays exact."""
     pair = _Pair(50, caching=True)
@@ -354,3 +420,17 @@ def test_kvoracle_check_engine_gpu_on_the_command_line(tmp_path: Path) -> None:
         line = next(line for line in done.stdout.splitlines() if line.startswith(rule_id))
         assert "PASS" in line, line
     assert " FAIL " not in done.stdout and " ERROR " not in done.stdout
+
+
+def test_the_allocator_benchmark_runs_and_prints_every_workload() -> None:
+    """A smoke run of benchmarks/bench_allocator.py (its figures are printed, not asserted)."""
+    script = Path(__file__).parent.parent / "benchmarks" / "bench_allocator.py"
+    run = subprocess.run([sys.executable, str(script), "--pools", "300", "--batches", "1", "32",
+                          "--budget", "0.01", "--impls", "reference", "torch-cpu"],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "lookup/s" in run.stdout
+    rows = [line.split() for line in run.stdout.splitlines()
+            if line.startswith(("reference ", "torch-cpu "))]
+    assert len(rows) == 4 and all(len(row) == 7 for row in rows), run.stdout
+    assert all(float(figure.replace(",", "")) > 0 for row in rows for figure in row[3:])
