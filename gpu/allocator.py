@@ -38,16 +38,18 @@ by probing to the next free id; the pool keeps the full key of every id it
 issued, so a lookup never confuses two prefixes.
 
 The key -> blocks lookup is an index of (key id, block, caching stamp) entries
-in two parts, both searched with ``searchsorted``: a *base* sorted by (key id,
-caching order), and a small *delta* of the entries cached since the base was
-last rebuilt (every delta entry is newer than every base entry). Caching only
-appends to the delta; when the delta outgrows a quarter of the base it is sorted
-and merged in (O(C) for C entries, no full sort). Dropping a key (allocation,
-eviction, reset) does not touch the index: an entry is *live* while its block
-still holds its key and caching stamp, and a lookup skips dead entries under the
-key it searches, a round per dead entry in a row. Dead entries are purged at the
-next merge, which a lookup forces once they may be half the index. So caching
-and dropping cost O(batch), and a lookup O(batch log C) plus an amortized merge.
+in two parts, both sorted by (key id, caching order) and searched with
+``searchsorted``: a large *base*, and a small *delta* of the entries cached
+since the base was last rebuilt (every delta entry is newer than every base
+entry). Caching a batch of k sorts the batch and merges it into the delta
+(O(k log k + D) for a delta of D entries); once the delta holds more than about
+sqrt(C * k) entries it is merged into the base (O(C) for C entries: positions from
+``searchsorted`` and a prefix sum, no full sort), which balances the two costs.
+Dropping a key (allocation, eviction, reset) does not touch the index: an entry
+is *live* while its block still holds its key and caching stamp, and a lookup
+skips dead entries under the key it searches, a round per dead entry in a row.
+Dead entries are purged at the next merge into the base, which a lookup forces
+once they may be half the index.
 
 Gathers and scatters use ``gather`` / ``scatter_`` / ``scatter_add_`` with a source
 tensor (constants come from cached buffers) and ``masked_select``, rather than
@@ -61,6 +63,7 @@ block hashed), a count decides first and the ``masked_select`` is skipped.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
@@ -89,9 +92,9 @@ class TorchBlockPool:
     (any integer sequence is accepted as input).
     """
 
-    #: The delta is merged into the base once it holds more than this many entries and a
-    #: quarter of the base.
-    MERGE_MIN = 1024
+    #: The delta is merged into the base once it holds more than this many entries and more
+    #: than sqrt(base entries * entries of the batch just cached).
+    MERGE_MIN = 256
     #: A lookup purges dead entries once they may exceed half the index plus this slack.
     DEAD_SLACK = 64
 
@@ -370,10 +373,12 @@ class TorchBlockPool:
         self.block_key.scatter_(0, ids, keys)
         self.block_seq.scatter_(0, ids, stamps)
         self._seq += ids.numel()
-        self._delta.append((keys, ids, stamps))
-        self._delta_len += ids.numel()
-        self._delta_sorted = None
-        if self._delta_len > max(self.MERGE_MIN, self._base[0].numel() // 4):
+        order = torch.argsort(keys, stable=True)  # (a batch's stamps grow with its order)
+        batch = (keys.index_select(0, order), ids.index_select(0, order),
+                 stamps.index_select(0, order))
+        self._delta = self._merged(self._delta, batch)
+        if self._delta[0].numel() > max(self.MERGE_MIN,
+                                        math.isqrt(self._base[0].numel() * ids.numel())):
             self._merge()
 
     def _drop_keys(self, ids: torch.Tensor) -> None:
@@ -403,23 +408,10 @@ class TorchBlockPool:
         empty = torch.empty(0, dtype=torch.int64, device=self.device)
         #: Entries (key ids, blocks, caching stamps), sorted by key id then stamp.
         self._base: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (empty, empty, empty)
-        #: Entries cached since the last merge, one (keys, blocks, stamps) per batch.
-        self._delta: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
-        self._delta_len = 0
-        self._delta_sorted: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None
+        #: The entries cached since the last merge into the base, sorted the same way.
+        self._delta: tuple[torch.Tensor, torch.Tensor, torch.Tensor] = (empty, empty, empty)
         #: An upper bound on the dead entries in the index.
         self._dead = 0
-
-    def _sorted_delta(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """The delta sorted by key id, caching order kept among equal keys."""
-        if self._delta_sorted is None:
-            if not self._delta:
-                return self._base[0][:0], self._base[1][:0], self._base[2][:0]
-            keys, blocks, stamps = (torch.cat(part) for part in zip(*self._delta))
-            order = torch.argsort(keys, stable=True)
-            self._delta_sorted = (keys.index_select(0, order), blocks.index_select(0, order),
-                                  stamps.index_select(0, order))
-        return self._delta_sorted
 
     def _live(self, blocks: torch.Tensor, keys: torch.Tensor, stamps: torch.Tensor
               ) -> torch.Tensor:
@@ -427,28 +419,37 @@ class TorchBlockPool:
         return (self.block_key.gather(0, blocks) == keys) & \
             (self.block_seq.gather(0, blocks) == stamps)
 
-    def _merge(self) -> None:
-        """Purge dead entries and merge the sorted delta into the base: O(C), no full sort."""
-        parts = []
-        for keys, blocks, stamps in (self._base, self._sorted_delta()):
-            live = self._live(blocks, keys, stamps)
-            parts.append(tuple(torch.masked_select(t, live) for t in (keys, blocks, stamps)))
-        (base_keys, *base_rest), (new_keys, *new_rest) = parts
-        c, k = base_keys.numel(), new_keys.numel()
-        # A delta entry goes after the base entries of its key (it is newer): before base
-        # entry ins[j]; base entry i moves up by the number of delta entries before it.
-        ins = torch.searchsorted(base_keys, new_keys, right=True)
+    def _merged(self, older: tuple[torch.Tensor, ...], newer: tuple[torch.Tensor, ...]
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Two sorted entry lists as one, every entry of ``newer`` after ``older``'s entries
+        of the same key (it was cached later): O(len), no sort."""
+        if newer[0].numel() == 0:
+            return older  # type: ignore[return-value]
+        if older[0].numel() == 0:
+            return newer  # type: ignore[return-value]
+        c, k = older[0].numel(), newer[0].numel()
+        # Entry j of ``newer`` goes before ``older``'s entry ins[j]; ``older``'s entry i moves
+        # up by the number of ``newer`` entries placed before it.
+        ins = torch.searchsorted(older[0], newer[0], right=True)
         new_at = ins + torch.arange(k, device=self.device)
-        base_at = torch.arange(c, device=self.device) + torch.cumsum(
+        old_at = torch.arange(c, device=self.device) + torch.cumsum(
             torch.bincount(ins, minlength=c + 1), 0)[:c]
         merged = []
-        for old, new in zip((base_keys, *base_rest), (new_keys, *new_rest)):
+        for old, new in zip(older, newer):
             out = torch.empty(c + k, dtype=torch.int64, device=self.device)
-            out.scatter_(0, base_at, old)
+            out.scatter_(0, old_at, old)
             out.scatter_(0, new_at, new)
             merged.append(out)
+        return tuple(merged)  # type: ignore[return-value]
+
+    def _merge(self) -> None:
+        """Purge dead entries and merge the delta into the base: O(C), no full sort."""
+        base, delta = (tuple(torch.masked_select(t, self._live(blocks, keys, stamps))
+                             for t in (keys, blocks, stamps))
+                       for keys, blocks, stamps in (self._base, self._delta))
+        merged = self._merged(base, delta)
         self._clear_index()
-        self._base = tuple(merged)  # type: ignore[assignment]
+        self._base = merged
 
     def _find(self, index: tuple[torch.Tensor, torch.Tensor, torch.Tensor], keys: torch.Tensor
               ) -> torch.Tensor:
@@ -476,13 +477,13 @@ class TorchBlockPool:
         keys = self._ids(key_ids)
         if keys.numel() == 0:
             return torch.full_like(keys, -1)
-        if self._dead > (self._base[0].numel() + self._delta_len) // 2 + self.DEAD_SLACK:
+        if self._dead > (self._base[0].numel() + self._delta[0].numel()) // 2 + self.DEAD_SLACK:
             self._merge()  # mostly dead entries: purge them before they cost rounds
         found = self._find(self._base, keys)
-        if self._delta_len:  # delta entries are newer: they answer only what the base cannot
+        if self._delta[0].numel():  # delta entries are newer: they answer what the base cannot
             missing = found < 0
             if bool(missing.any()):
-                found = torch.where(missing, self._find(self._sorted_delta(), keys), found)
+                found = torch.where(missing, self._find(self._delta, keys), found)
         return found
 
     def cached_map(self) -> dict[KeyRef, tuple[int, ...]]:

@@ -120,14 +120,15 @@ def test_tensor_pool_matches_the_reference_pool(num_blocks: int, caching: bool,
 
 
 @pytest.mark.parametrize("merge_min, dead_slack", [(10 ** 9, 10 ** 9), (1, 0)],
-                         ids=["delta-and-dead-entries", "merge-every-time"])
+                         ids=["delta-and-dead-entries", "frequent-merges"])
 @settings(max_examples=100, deadline=None, suppress_health_check=list(HealthCheck))
 @given(num_blocks=st.integers(2, 24), ops=OPS)
 def test_lookups_match_the_reference_through_the_index_delta_and_dead_entries(
         merge_min: int, dead_slack: int, num_blocks: int, ops: list[tuple[str, int]]) -> None:
     """The same operations, comparing only lookups after each one (``cached_map`` merges
     the index, so it is compared once, at the end): with merges put off, lookups search
-    the delta and skip dead entries; with a merge at every chance, they search the base."""
+    the delta and skip dead entries; with merges as early as the thresholds allow, mostly the
+    base."""
     pair = _Pair(num_blocks, caching=True)
     pair.gpu.MERGE_MIN, pair.gpu.DEAD_SLACK = merge_min, dead_slack
     keys = [(h, 0) for h in HASHES]
