@@ -497,7 +497,9 @@ class TorchBlockPool:
 
     # -- accounting ----------------------------------------------------------------------
     def state_bytes(self) -> int:
-        """Bytes of per-block tensor state (the key-id dictionaries are not counted)."""
+        """Bytes of tensor state: per block, and the key index's 24 bytes per entry (one
+        per cached block, plus dead ones until the next merge). The key-id dictionaries
+        and the cached constants (sized by the batch, not the pool) are not counted."""
         tensors = (self._ref_cnt, self.block_key, self.block_seq, self._slots, self._pos,
-                   self._scratch)  # (the arange cache is sized by the batch, not the pool)
+                   self._scratch, *self._base, *self._delta)
         return sum(t.numel() * t.element_size() for t in tensors)

@@ -252,6 +252,10 @@ def test_key_ids_of_colliding_hashes_stay_distinct() -> None:
 def test_state_is_a_few_tensors_of_per_block_words() -> None:
     pool = TorchBlockPool(10_000, True, CPU)
     assert 20 <= pool.state_bytes() / 10_000 <= 48
+    fresh = pool.state_bytes()
+    blocks = pool.allocate(1_000)
+    pool.cache(blocks, list(range(1, 1_001)))
+    assert pool.state_bytes() - fresh == 1_000 * 24  # the key index: key id, block, stamp
 
 
 # -- devices ---------------------------------------------------------------------------------
