@@ -77,6 +77,37 @@ class _Pair:
     def check(self) -> None:
         assert _state(self.gpu) == _state(self.ref)
 
+    def apply(self, op: str, seed: int) -> None:
+        """One operation of ``OPS``, its arguments derived from ``seed``, on both pools."""
+        num_blocks, held = self.gpu.num_blocks, self.held
+        if op == "alloc":
+            self.allocate(seed % (self.gpu.num_free_blocks() + 1))
+        elif op == "free" and held:
+            # Any sub-multiset of the held references, in any order (repeats included).
+            picks = [held[(seed >> (3 * k)) % len(held)] for k in range(1 + seed % 4)]
+            picks = [b for b in dict.fromkeys(picks)]  # at most the references held
+            extra = [b for b in picks if held.count(b) > 1][:1]
+            self.free(picks + extra)
+        elif op == "touch":
+            self.touch([(seed >> (5 * k)) % num_blocks for k in range(1 + seed % 3)])
+        elif op == "cache" and self.gpu.enable_caching:
+            uncached = [b for b in dict.fromkeys(held) if self.ref.blocks[b].cache_key is None]
+            self.cache([(b, HASHES[(seed + b) % len(HASHES)]) for b in uncached[:1 + seed % 3]])
+        elif op == "evict":
+            ids = [(seed >> (4 * k)) % num_blocks for k in range(seed % 3)]
+            self.ref.evict_blocks(ids)
+            self.gpu.evict(ids)
+        elif op == "reset":
+            assert self.gpu.reset_prefix_cache() == self.ref.reset_prefix_cache()
+
+    def check_lookups(self) -> None:
+        """Every key of ``HASHES`` finds the same block in both pools (-1: none)."""
+        keys = [(h, 0) for h in HASHES]
+        expected = [getattr(self.ref.get_cached_block(key), "block_id", -1) for key in keys]
+        found = self.gpu.lookup([self.gpu.key_id(key) for key in keys]).tolist() \
+            if self.gpu.enable_caching else [-1] * len(keys)
+        assert found == expected
+
 
 OPS = st.lists(st.tuples(st.sampled_from(["alloc", "free", "touch", "cache", "evict", "reset"]),
                          st.integers(0, 10 ** 6)), max_size=60)
@@ -90,33 +121,9 @@ def test_tensor_pool_matches_the_reference_pool(num_blocks: int, caching: bool,
     pair = _Pair(num_blocks, caching)
     pair.check()
     for op, seed in ops:
-        free = pair.gpu.num_free_blocks()
-        held = pair.held
-        if op == "alloc":
-            pair.allocate(seed % (free + 1))
-        elif op == "free" and held:
-            # Any sub-multiset of the held references, in any order (repeats included).
-            picks = [held[(seed >> (3 * k)) % len(held)] for k in range(1 + seed % 4)]
-            picks = [b for b in dict.fromkeys(picks)]  # at most the references held
-            extra = [b for b in picks if held.count(b) > 1][:1]
-            pair.free(picks + extra)
-        elif op == "touch":
-            pair.touch([(seed >> (5 * k)) % num_blocks for k in range(1 + seed % 3)])
-        elif op == "cache" and caching:
-            uncached = [b for b in dict.fromkeys(held) if pair.ref.blocks[b].cache_key is None]
-            chosen = uncached[:1 + seed % 3]
-            pair.cache([(b, HASHES[(seed + b) % len(HASHES)]) for b in chosen])
-        elif op == "evict":
-            ids = [(seed >> (4 * k)) % num_blocks for k in range(seed % 3)]
-            pair.ref.evict_blocks(ids)
-            pair.gpu.evict(ids)
-        elif op == "reset":
-            assert pair.gpu.reset_prefix_cache() == pair.ref.reset_prefix_cache()
+        pair.apply(op, seed)
         pair.check()
-        for key in {(h, 0) for h in HASHES}:
-            block = pair.ref.get_cached_block(key)
-            found = int(pair.gpu.lookup([pair.gpu.key_id(key)])[0]) if caching else -1
-            assert found == (block.block_id if block is not None else -1)
+        pair.check_lookups()
 
 
 @pytest.mark.parametrize("merge_min, dead_slack", [(10 ** 9, 10 ** 9), (1, 0)],
@@ -131,27 +138,9 @@ def test_lookups_match_the_reference_through_the_index_delta_and_dead_entries(
     base."""
     pair = _Pair(num_blocks, caching=True)
     pair.gpu.MERGE_MIN, pair.gpu.DEAD_SLACK = merge_min, dead_slack
-    keys = [(h, 0) for h in HASHES]
     for op, seed in ops:
-        held = pair.held
-        if op == "alloc":
-            pair.allocate(seed % (pair.gpu.num_free_blocks() + 1))
-        elif op == "free" and held:
-            pair.free(list(dict.fromkeys(held[(seed >> (3 * k)) % len(held)]
-                                         for k in range(1 + seed % 4))))
-        elif op == "touch":
-            pair.touch([(seed >> (5 * k)) % num_blocks for k in range(1 + seed % 3)])
-        elif op == "cache":
-            uncached = [b for b in dict.fromkeys(held) if pair.ref.blocks[b].cache_key is None]
-            pair.cache([(b, HASHES[(seed + b) % len(HASHES)]) for b in uncached[:1 + seed % 3]])
-        elif op == "evict":
-            ids = [(seed >> (4 * k)) % num_blocks for k in range(seed % 3)]
-            pair.ref.evict_blocks(ids)
-            pair.gpu.evict(ids)
-        elif op == "reset":
-            assert pair.gpu.reset_prefix_cache() == pair.ref.reset_prefix_cache()
-        expected = [getattr(pair.ref.get_cached_block(key), "block_id", -1) for key in keys]
-        assert pair.gpu.lookup([pair.gpu.key_id(key) for key in keys]).tolist() == expected
+        pair.apply(op, seed)
+        pair.check_lookups()
     pair.check()
 
 
