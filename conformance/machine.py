@@ -78,8 +78,7 @@ class LockstepMachine(RuleBasedStateMachine):
         super().__init__()
         self.driver: LockstepDriver | None = None
         self.ids = itertools.count()
-        self.history: list[tuple[int, ...]] = []
-        #: Freed requests as (tokens, cache salt, block hashes), newest first.
+        #: The last eight freed requests as (tokens, cache salt, block hashes), newest first.
         self.freed: list[tuple[tuple[int, ...], str | None, tuple[bytes, ...]]] = []
         if self.on_example is not None:
             self.on_example()
@@ -134,8 +133,9 @@ class LockstepMachine(RuleBasedStateMachine):
         prefix: tuple[int, ...] = ()
         source = data.draw(st.sampled_from(["fresh", "live", "past", "past", "resend"]),
                            label="source")
-        corpus = {"fresh": [], "live": live, "past": self.history,
-                  "resend": live + self.history}[source] or live or self.history
+        history = [tokens for tokens, _, _ in self.freed]
+        corpus = {"fresh": [], "live": live, "past": history,
+                  "resend": live + history}[source] or live or history
         if source != "fresh" and corpus:
             # Prefixes of live requests hit referenced blocks; prefixes of past (finished or
             # preempted) requests hit cached blocks waiting in the free queue.
@@ -299,7 +299,6 @@ class LockstepMachine(RuleBasedStateMachine):
         request_id = data.draw(st.sampled_from(choices), label="request")
         preempted = data.draw(st.booleans(), label="preempted")
         request = self.model.requests[request_id]
-        self.history = [tuple(request.all_token_ids), *self.history][:8]
         self.freed = [(tuple(request.all_token_ids), request.cache_salt,
                        tuple(request.block_hashes)), *self.freed][:8]
         self.driver.apply(Free(request_id, preempted))
