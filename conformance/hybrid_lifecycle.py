@@ -56,7 +56,7 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec.lifecycle import cdiv
 
-from .adapter import Lookup, Observation
+from .adapter import Capabilities, Lookup, Observation
 from .engines import load_engine
 from .engines.reference import ReferenceEngine
 from .lockstep import RULE_ID_IN_TEXT
@@ -711,8 +711,9 @@ def lifecycle_verdicts(probe: object, expectations: dict[str, str] | None) -> Ve
     """Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable (and
     outside :data:`DATA_SCOPE` too, for an engine ``probe`` that keeps no paged store)."""
     claims = getattr(probe, "capabilities", None)
-    kv_data = bool(claims is not None and claims().kv_data)
-    return scoped_verdicts(SCOPE + DATA_SCOPE if kv_data else SCOPE, OUT_OF_SCOPE)(probe, expectations)
+    if claims is not None and claims().kv_data:
+        return scoped_verdicts(SCOPE + DATA_SCOPE, OUT_OF_SCOPE, Capabilities(kv_data=True))(probe, expectations)
+    return scoped_verdicts(SCOPE, OUT_OF_SCOPE)(probe, expectations)
 
 
 def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:

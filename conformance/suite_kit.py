@@ -22,14 +22,13 @@ def bind_machine(base: type, prefix: str, engine_factory: Callable[[], Any], ver
         "on_example": staticmethod(on_example) if on_example else None, **attributes})
 
 
-def scoped_verdicts(scope: Collection[str], reason: str) -> Callable[[object, dict[str, str] | None], Verdicts]:
+def scoped_verdicts(scope: Collection[str], reason: str, capabilities: Capabilities | None = None
+                    ) -> Callable[[object, dict[str, str] | None], Verdicts]:
     """The runner's ``make_verdicts`` for a suite judging the rules in ``scope``; every other
-    rule is not applicable, for ``reason``."""
+    rule is not applicable, for ``reason`` (and a rule in scope whose capability the engine
+    lacks, per ``capabilities``, is not applicable for that)."""
     def make(probe: object, expectations: dict[str, str] | None) -> Verdicts:
-        # The suite's own scope decides; capabilities only gate the KV-DATA rules, which a
-        # suite puts in scope only for an engine that keeps a paged store.
-        kv_data = any(rule_id.startswith("KV-DATA-") for rule_id in scope)
-        return Verdicts(Capabilities(kv_data=kv_data), expectations, scope=lambda rule: rule.id in scope,
+        return Verdicts(capabilities or Capabilities(), expectations, scope=lambda rule: rule.id in scope,
                         out_of_scope=reason)
     return make
 
