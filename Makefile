@@ -29,12 +29,12 @@ $(TORCH_STAMP): $(STAMP)
 		f'torch {torch.__version__} is a CUDA build'"
 	touch $(TORCH_STAMP)
 
-## Run the conformance suite against the embedded reference engine and print the verdicts.
+## Run every conformance suite against the embedded reference engine and print the verdicts.
 check: $(STAMP)
 	$(BIN)/kvoracle check
 
 ## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
-## conformance run with a JSON report, CrossHair over the spec, and the real vLLM engine.
+## conformance run of every suite with a JSON report, CrossHair over the spec, and the real vLLM engine.
 test: $(STAMP) $(TORCH_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest
@@ -51,7 +51,7 @@ test-vllm: $(STAMP)
 	$(VENV_VLLM)/bin/python -m pip install --quiet "$$(grep '^pytest==' requirements-dev.txt)"
 	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py tests/test_bench_vllm.py \
 		tests/test_hybrid_vllm.py tests/test_hybrid_lifecycle_vllm.py tests/test_external_store_vllm.py
-	$(VENV_VLLM)/bin/kvoracle check --engine vllm --max-examples 400 \
+	$(VENV_VLLM)/bin/kvoracle check --engine vllm --suite lockstep --max-examples 400 \
 		--json build/kvoracle-vllm-report.json
 	$(VENV_VLLM)/bin/kvoracle check --suite hybrid --engine vllm --max-examples 200 \
 		--json build/kvoracle-vllm-hybrid-report.json

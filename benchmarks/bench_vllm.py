@@ -84,10 +84,14 @@ class LockstepProbe:
         #: A rule whose first failing check ends the run at once (raises :class:`Detected`).
         self.stop_on = stop_on
         self._original: Callable[..., Any] | None = None
+        self._own = False
 
     def __enter__(self) -> LockstepProbe:
         from kvoracle.conformance.lockstep import LockstepDriver
 
+        # LockstepDriver inherits apply from the harness's Driver: remember whether it had one
+        # of its own, so that __exit__ leaves the class as it found it.
+        self._own = "apply" in vars(LockstepDriver)
         original = self._original = LockstepDriver.apply
         probe = self
 
@@ -110,7 +114,10 @@ class LockstepProbe:
     def __exit__(self, *exc: object) -> None:
         from kvoracle.conformance.lockstep import LockstepDriver
 
-        LockstepDriver.apply = self._original  # type: ignore[method-assign]
+        if self._own:
+            LockstepDriver.apply = self._original  # type: ignore[method-assign]
+        else:
+            del LockstepDriver.apply
 
 
 class _Convicted(Exception):
@@ -127,17 +134,20 @@ class Detected(BaseException):
     """
 
 
-_REPORTED = re.compile(r"^\s+(?:failure|engine error): (KV-[A-Z]+-\d{3}) ")
+#: A rule the runner reports with its counterexample (``failure``, ``engine error``, either
+#: possibly ``(flaky)``): the progress line it prints for a conviction.
+_REPORTED = re.compile(r"^\s+(?:failure|engine error)(?: \(flaky\))?: (KV-[A-Z]+-\d{3}) ")
 
 
 # -- part a: lockstep steps per second -----------------------------------------------------
 def lockstep_speed(engine: str | Callable[[], Any], max_examples: int, step_count: int,
                    seed: int, step_timeout: float | None = 10.0) -> dict:
     """One ``run_suite`` against ``engine``; steps executed, examples and wall time."""
-    from kvoracle.conformance.engines import load_engine
-    from kvoracle.conformance.runner import RunOptions, run_suite
+    from kvoracle.conformance.harness.engines import engine_factory
+    from kvoracle.conformance.harness.runner import RunOptions, run_suite
+    from kvoracle.conformance.harness.suites import get_suite
 
-    factory = load_engine(engine) if isinstance(engine, str) else engine
+    factory = engine_factory(engine, get_suite("lockstep")) if isinstance(engine, str) else engine
     t0 = time.perf_counter()
     factory()  # imports the engine's library (vLLM: several seconds) outside the timing
     import_s = time.perf_counter() - t0
@@ -145,7 +155,7 @@ def lockstep_speed(engine: str | Callable[[], Any], max_examples: int, step_coun
                          step_timeout=step_timeout, replay_dir=None)
     with LockstepProbe() as probe:
         start = time.perf_counter()
-        result = run_suite(factory, options)
+        result = run_suite(factory, options, suite="lockstep")
         wall = time.perf_counter() - start
     summary = result.verdicts.summary()
     return {
@@ -279,7 +289,7 @@ def time_to_counterexample(factory: Callable[[], Any], expected_rule: str, seed:
     when the runner reports it with a shrunk counterexample (``conviction``), or let the
     run finish (``end``).
     """
-    from kvoracle.conformance.runner import RunOptions, run_suite
+    from kvoracle.conformance.harness.runner import RunOptions, run_suite
 
     if stop not in STOPS:
         raise ValueError(f"stop must be one of {STOPS}")
@@ -299,7 +309,7 @@ def time_to_counterexample(factory: Callable[[], Any], expected_rule: str, seed:
     with LockstepProbe(stop_on=expected_rule if stop == "detection" else None) as probe:
         start = time.perf_counter()
         try:
-            result = run_suite(factory, options, progress=progress)
+            result = run_suite(factory, options, progress=progress, suite="lockstep")
             outcome = result.verdicts.outcomes[expected_rule].outcome
         except (_Convicted, Detected):
             pass

@@ -25,6 +25,9 @@ import attrs
 
 from kvoracle.reference import ManagerConfig
 
+from .harness import returns
+from .harness.capabilities import Capabilities
+
 #: A cache key in kvoracle's terms: (kvoracle hash of the prefix, KV-cache group id).
 KeyRef = tuple[bytes, int]
 #: Prefix marking an engine hash that maps to no known prefix.
@@ -32,43 +35,6 @@ UNKNOWN_HASH = b"unknown:"
 
 #: The configuration every adapter accepts (validated on construction).
 EngineConfig = ManagerConfig
-
-COMMON_PREFIX_MODES = ("zero", "cascade", "none")
-
-
-@attrs.frozen
-class Capabilities:
-    """What an engine claims. Each flag gates the rules that need it."""
-
-    #: Block ids, allocation order and free-queue order are exactly the spec's.
-    exact_block_ids: bool = True
-    #: ``observe()`` reports the free queue in eviction order.
-    free_queue: bool = True
-    #: ``observe()`` reports every block's reference count.
-    ref_counts: bool = True
-    #: ``observe()`` reports the cache map (key -> blocks, in caching order).
-    cache_map: bool = True
-    #: ``observe()`` reports each request's block hashes (opaque engine values).
-    request_hashes: bool = True
-    eagle: bool = True
-    caching_off: bool = True
-    lookahead: bool = True
-    delay_cache: bool = True
-    evict: bool = True
-    reset: bool = True
-    cache_salt: bool = True
-    #: Several groups with block sizes that are multiples of the hash block size.
-    hash_block_views: bool = False
-    #: ``zero``: vLLM >= 0.x deprecation (KV-LIFE-010); ``cascade``: KV-LIFE-011.
-    common_prefix: str = attrs.field(default="zero")
-    #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
-    kv_data: bool = False
-
-    @common_prefix.validator
-    def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
-        if value not in COMMON_PREFIX_MODES:
-            raise ValueError(f"common_prefix must be one of {COMMON_PREFIX_MODES}, got {value!r}")
-
 
 @attrs.frozen
 class Lookup:
@@ -93,6 +59,25 @@ class Observation:
     request_hashes: Mapping[str, tuple[object, ...]] | None = None
     #: (rule id, ok, message) per KV-DATA check of the current store state (``kv_data``).
     data_checks: tuple[tuple[str, bool, str], ...] | None = None
+
+
+#: What each operation of the protocol must return (checked on every call).
+RETURNS = {
+    "lookup": returns.attributes(Lookup, block_ids=returns.block_id_groups, num_tokens=returns.integer),
+    "allocate": returns.optional(returns.block_id_groups),
+    "reset_prefix_cache": returns.boolean,
+    "common_prefix_blocks": returns.sequence_of(returns.integer),
+    "observe": returns.attributes(
+        Observation, num_free_blocks=returns.integer, usage=returns.instance_of((int, float)),
+        block_tables=returns.mapping_of(returns.instance_of(str), returns.block_id_groups),
+        free_queue=returns.optional(returns.sequence_of(returns.integer)),
+        ref_counts=returns.optional(returns.sequence_of(returns.integer)),
+        cached=returns.optional(returns.mapping_of(returns.sequence_of(returns.anything, length=2),
+                                                   returns.sequence_of(returns.integer))),
+        request_hashes=returns.optional(returns.mapping_of(returns.instance_of(str),
+                                                           returns.sequence_of(returns.anything))),
+        data_checks=returns.optional(returns.sequence_of(returns.sequence_of(returns.anything, length=3)))),
+}
 
 
 @runtime_checkable
@@ -142,13 +127,3 @@ class EngineAdapter(Protocol):
     def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]: ...
 
     def observe(self) -> Observation: ...
-
-
-class EngineError(Exception):
-    """The engine raised, or did not answer in time, during one operation."""
-
-    def __init__(self, operation: str, detail: str, hung: bool = False) -> None:
-        super().__init__(f"engine failed in {operation}: {detail}")
-        self.operation = operation
-        self.detail = detail
-        self.hung = hung

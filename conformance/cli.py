@@ -1,53 +1,187 @@
 """The ``kvoracle`` command.
 
-``kvoracle check``  run the conformance suite against an engine and print the verdicts
+``kvoracle check``  run the conformance suites against an engine and print the verdicts
 ``kvoracle rules``  list the specification's rules
+
+Exit status of ``check``: 0 every applicable rule passed; 1 the engine does not conform
+(or kvoracle hit a bug of its own); 2 bad options or an engine that cannot be run; 130
+interrupted (the verdicts so far are still printed and written, marked incomplete).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import signal
 import sys
+import tempfile
+import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 from kvoracle import __version__
 from kvoracle.spec import all_rules
 
-from .engines import BUILTIN_ENGINES, EngineLoadError
+EXIT_OK, EXIT_NOT_CONFORMING, EXIT_USAGE, EXIT_INTERRUPTED = 0, 1, 2, 130
+
+
+class UsageError(Exception):
+    """Options that cannot work, found before anything runs."""
+
+
+def _probe_file(path: Path, what: str) -> None:
+    """Fail now, not after the run, if ``path`` cannot be written."""
+    if path.is_dir():
+        raise UsageError(f"{what} {path} is a directory")
+    existed = path.exists()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("a"):
+            pass
+    except OSError as error:
+        raise UsageError(f"{what} {path} cannot be written: {error.strerror or error}") from None
+    if not existed:
+        path.unlink()
+
+
+def _probe_dir(path: Path, what: str) -> None:
+    probe = path / f".kvoracle-probe-{uuid.uuid4().hex}"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe.write_text("")
+        probe.unlink()
+    except OSError as error:
+        raise UsageError(f"{what} {path} cannot be written: {error.strerror or error}") from None
+
+
+#: RunOptions fields by the flag that sets them.
+_FLAGS = {"max_examples": "--max-examples", "step_count": "--steps", "seed": "--seed",
+          "step_timeout": "--step-timeout", "timeout_clock": "--timeout-clock", "max_rounds": "--max-rounds"}
+
+
+def _options(args: argparse.Namespace):
+    from .harness.runner import RunOptions
+
+    options = RunOptions(
+        max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
+        step_timeout=None if args.step_timeout == 0 else args.step_timeout,
+        timeout_clock=args.timeout_clock, max_rounds=args.max_rounds,
+        replay_dir=None if args.no_replay else Path(args.replay_dir),
+        hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None)
+    problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
+    if args.step_timeout < 0:
+        problems = [p for p in problems if not p.startswith("--step-timeout")]
+        problems.append(f"--step-timeout must be positive, or 0 for no limit; got {args.step_timeout:g}")
+    if problems:
+        raise UsageError("; ".join(problems))
+    if args.json:
+        _probe_file(Path(args.json), "--json")
+    if options.replay_dir is not None:
+        _probe_dir(options.replay_dir, "--replay-dir")
+    if options.hypothesis_dir is not None:
+        _probe_dir(options.hypothesis_dir, "--hypothesis-dir")
+    return options
+
+
+def _expectations(files: list[str]) -> Callable:
+    from .harness.expectations import ExpectationsError, expectations_for, load_expectations
+
+    paths = [Path(f) for f in files]
+    for path in paths:  # malformed files are refused before the run
+        if not path.is_file():
+            raise UsageError(f"--expectations {path}: no such file")
+        try:
+            load_expectations(path, "0")
+        except ExpectationsError as error:
+            raise UsageError(str(error)) from None
+    return lambda suite, probe: expectations_for(probe, suite.name, paths)
+
+
+def _interrupt_once() -> None:
+    """``kill`` ends a run like Ctrl-C does, with the verdicts so far reported; a second signal
+    (Ctrl-C reaches a supervised worker from the terminal and from its supervisor) is ignored
+    while they are."""
+    names = [signal.SIGINT] + ([signal.SIGTERM] if hasattr(signal, "SIGTERM") else [])
+
+    def handler(signum: int, frame: object) -> None:
+        for name in names:
+            signal.signal(name, signal.SIG_IGN)
+        raise KeyboardInterrupt(f"signal {signum}")
+    for name in names:
+        signal.signal(name, handler)
+
+
+def _say(message: str) -> None:
+    print(message, flush=True)
 
 
 def _check(args: argparse.Namespace) -> int:
-    from .expectations import ExpectationsError, expectations_for
-    from .report import format_counterexamples, format_table, write_json
-    from .runner import RunOptions, run_suite
+    from .harness.engines import EngineLoadError
+    from .harness.expectations import ExpectationsError
+    from .harness.runner import run_suites
+    from .harness.supervisor import WorkerUsageError, supervise, worker_command
 
-    options = RunOptions(max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
-                         step_timeout=args.step_timeout or None, max_rounds=args.max_rounds,
-                         replay_dir=None if args.no_replay else Path(args.replay_dir))
-    suite_name = "" if args.suite == "lockstep" else f" ({args.suite} suite)"
-    print(f"kvoracle {__version__}: checking engine {args.engine!r}{suite_name}", flush=True)
     try:
-        if args.suite == "hybrid":
-            from .hybrid_lookup import hybrid_suite, load_hybrid_engine
-            suite = hybrid_suite()
-            expectations = expectations_for(load_hybrid_engine(args.engine))
-        elif args.suite == "hybrid-lifecycle":
-            from .hybrid_lifecycle import lifecycle_suite, load_lifecycle_engine
-            suite = lifecycle_suite()
-            expectations = expectations_for(load_lifecycle_engine(args.engine))
-        elif args.suite == "external-store":
-            from .external_store import external_suite, load_external_engine
-            suite = external_suite()
-            expectations = expectations_for(load_external_engine(args.engine))
+        options = _options(args)
+        expectations = _expectations(args.expectations)
+    except UsageError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.worker_state:
+        return _work(args, options, expectations)
+    suites = args.suite or [suite.name for suite in _registered()]
+    label = "" if args.suite is None else f" ({', '.join(args.suite)})"
+    print(f"kvoracle {__version__}: checking engine {args.engine!r}{label}", flush=True)
+    try:
+        if args.in_process:
+            _interrupt_once()
+            result = run_suites(args.engine, suites, options, progress=_say, expectations=expectations,
+                                explicit=args.suite is not None)
         else:
-            from .runner import LOCKSTEP as suite
-            expectations = expectations_for(args.engine)  # conformance/engines/<name>.toml
-        result = run_suite(args.engine, options,
-                           progress=lambda message: print(message, flush=True),
-                           expectations=expectations, suite=suite)
+            with tempfile.TemporaryDirectory(prefix="kvoracle-") as state:
+                result = supervise(worker_command(args.argv, Path(state)), args.engine, suites, options,
+                                   Path(state), _say)
     except (EngineLoadError, ExpectationsError) as error:
         print(f"error: {error}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
+    except WorkerUsageError:
+        return EXIT_USAGE  # the worker printed why
+    except KeyboardInterrupt:
+        print("interrupted before any suite started", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return _report(args, result)
+
+
+def _work(args: argparse.Namespace, options, expectations) -> int:
+    """The supervised worker: run the suites, leaving checkpoints and a trail in ``--worker-state``."""
+    from .harness.engines import EngineLoadError
+    from .harness.expectations import ExpectationsError
+    from .harness.runner import run_suites
+    from .harness.supervisor import Checkpoints, FileTrail
+
+    directory = Path(args.worker_state)
+    trail = FileTrail(directory / "trail")
+    summary: dict[str, object] = {}
+    _interrupt_once()
+    try:
+        result = run_suites(args.engine, args.worker_suites.split(","), options, progress=_say,
+                            expectations=expectations, explicit=args.suite is not None, trail=trail,
+                            checkpoint=Checkpoints(directory))
+        summary = {"unsupported": result.unsupported, "incomplete": result.incomplete}
+    except (EngineLoadError, ExpectationsError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        summary = {"usage_error": str(error)}
+    except KeyboardInterrupt:
+        summary = {"incomplete": "interrupted (SIGINT) before a suite started"}
+    finally:
+        trail.close()
+    (directory / "summary.json").write_text(json.dumps(summary))
+    return EXIT_USAGE if "usage_error" in summary else EXIT_OK
+
+
+def _report(args: argparse.Namespace, result) -> int:
+    from .harness.report import format_counterexamples, format_table, write_json
+
     print()
     print(format_table(result))
     counterexamples = format_counterexamples(result)
@@ -57,7 +191,9 @@ def _check(args: argparse.Namespace) -> int:
     if args.json:
         write_json(result, Path(args.json))
         print(f"\nJSON report: {args.json}")
-    return 0 if result.ok else 1
+    if result.incomplete is not None and result.incomplete.split(": ", 1)[-1].startswith("interrupted"):
+        return EXIT_INTERRUPTED
+    return EXIT_OK if result.ok else EXIT_NOT_CONFORMING
 
 
 def _rules(args: argparse.Namespace) -> int:
@@ -75,15 +211,34 @@ def _rules(args: argparse.Namespace) -> int:
     return 0
 
 
+def _registered():
+    """Every registered suite, the built-in ones first in their order."""
+    from .harness.suites import registered_suites
+    from .suites import BUILTIN
+    return sorted(registered_suites(), key=lambda s: BUILTIN.index(s.name) if s.name in BUILTIN else len(BUILTIN))
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from .harness.engines import builtin_engines
+
     parser = argparse.ArgumentParser(prog="kvoracle", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"kvoracle {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    check = commands.add_parser("check", help="run the conformance suite against an engine")
+    suites = _registered()
+    engines = builtin_engines()
+    check = commands.add_parser(
+        "check", help="run the conformance suites against an engine",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Run the conformance suites against an engine and print a verdict per rule.",
+        epilog="suites:\n" + "\n".join(f"  {s.name:<18} {s.title}" for s in suites)
+        + "\n\nbuilt-in engines (and the suites they have adapters for):\n"
+        + "\n".join(f"  {name:<18} {', '.join(names)}" for name, names in engines.items())
+        + "\n\nexit status: 0 conforming, 1 not conforming, 2 bad options or engine, 130 interrupted")
     check.add_argument("--engine", default="reference",
-                       help=f"one of {sorted(BUILTIN_ENGINES)} or module:Class "
-                            "(default: reference)")
+                       help="a built-in engine (below) or module:Class (default: reference)")
+    check.add_argument("--suite", action="append", choices=[s.name for s in suites],
+                       help="a suite to run (repeatable); default: every suite the engine has an adapter for")
     check.add_argument("--max-examples", type=int, default=150,
                        help="Hypothesis examples per round (default 150)")
     check.add_argument("--steps", type=int, default=40, help="steps per example (default 40)")
@@ -91,17 +246,26 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--max-rounds", type=int, default=12,
                        help="rounds after failures, one new failing rule each (default 12)")
     check.add_argument("--step-timeout", type=float, default=10.0,
-                       help="seconds an engine may take for one operation; 0 = no limit")
-    check.add_argument("--suite", choices=("lockstep", "hybrid", "hybrid-lifecycle", "external-store"),
-                       default="lockstep",
-                       help="lockstep: the whole manager against the reference (default); hybrid: "
-                            "the hybrid cache-hit lookup over several KV-cache groups; hybrid-lifecycle: "
-                            "allocation, caching and freeing over several groups; external-store: an external "
-                            "KV store's (Mooncake) hit, load and store masks")
+                       help="seconds of engine time one engine call may take before it counts as a hang; "
+                            "0 = no limit (default 10)")
+    check.add_argument("--timeout-clock", choices=("engine", "wall"), default="engine",
+                       help="engine: wall time less time spent waiting for a CPU, so that load on the machine "
+                            "never counts (default); wall: plain wall time")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")
     check.add_argument("--no-replay", action="store_true", help="do not write replay files")
+    check.add_argument("--expectations", metavar="FILE", action="append", default=[],
+                       help="a TOML file of expected failures ([[expect]] rule/versions/reason), added to the "
+                            "engine's packaged one (repeatable)")
+    check.add_argument("--hypothesis-dir", metavar="DIR",
+                       help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis, never the "
+                            "current directory)")
+    check.add_argument("--in-process", action="store_true",
+                       help="run the engine in this process (no supervisor: an engine that kills its process "
+                            "then takes the report with it)")
+    check.add_argument("--worker-state", help=argparse.SUPPRESS)
+    check.add_argument("--worker-suites", help=argparse.SUPPRESS)
     check.set_defaults(run=_check)
 
     rules = commands.add_parser("rules", help="list the specification's rules")
@@ -112,9 +276,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
     args = build_parser().parse_args(argv)
-    for name in ("max_examples", "steps", "max_rounds"):
-        if getattr(args, name, 1) < 1:
-            print(f"error: --{name.replace('_', '-')} must be >= 1", file=sys.stderr)
-            return 2
+    args.argv = argv
     return args.run(args)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -37,13 +37,12 @@ Run it with ``kvoracle check --suite external-store [--engine reference|vllm|mod
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from kvoracle import __version__
 from kvoracle.reference.external_store import (
@@ -57,21 +56,11 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
-from .engines import load_engine
+from .harness import returns
+from .harness.driver import Driver
+from .harness.machine import SuiteMachine
+from .harness.suites import SuiteDef, register_suite
 from .hybrid_lookup import MOSTLY_TRUE, GroupDesc, _kv_spec, hybrid_setups
-from .suite_kit import bind_machine, replay_steps, scoped_verdicts
-from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
-
-#: Engines with an external-store adapter, by the name ``--engine`` accepts.
-EXTERNAL_ENGINES: dict[str, str] = {
-    "reference": "kvoracle.conformance.external_store:ReferenceExternalStore",
-    "vllm": "kvoracle.conformance.engines.vllm_mooncake:VllmMooncakeStore",
-}
-
-#: The rules this suite judges; every other rule is "not applicable" in its report.
-SCOPE = ("KV-EXT-001", "KV-EXT-002", "KV-EXT-003", "KV-EXT-004", "KV-EXT-005", "KV-EXT-006",
-         "KV-EXT-007", "KV-EXT-008", "KV-EXT-011", "KV-EXT-012")
-OUT_OF_SCOPE = "not judged by the external-store suite"
 
 #: Per-group masks, as plain tuples.
 Masks = tuple[tuple[bool, ...], ...]
@@ -117,6 +106,8 @@ class StoreSetup:
     ``eagle_groups`` marks draft groups; ``partial`` turns on partial hash hits (engines
     that support them only)."""
 
+    primary_rule = "KV-EXT-001"
+
     groups: tuple[GroupDesc, ...]
     hash_block_size: int
     use_eagle: bool
@@ -137,6 +128,8 @@ class StoreSetup:
 class Store:
     """A request of ``prompt`` writes what ``store_mask(aligned_len)`` marks."""
 
+    primary_rule = "KV-EXT-005"
+
     prompt: int
     aligned_len: int
 
@@ -144,6 +137,8 @@ class Store:
 @attrs.frozen
 class Put:
     """The store gains group ``group``'s keys at these hash indices of ``prompt``."""
+
+    primary_rule = "KV-EXT-001"
 
     prompt: int
     group: int
@@ -154,11 +149,15 @@ class Put:
 class Evict:
     """The store loses these keys: positions in the sorted key list, modulo its length."""
 
+    primary_rule = "KV-EXT-001"
+
     picks: tuple[int, ...]
 
 
 @attrs.frozen
 class LookUp:
+    primary_rule = "KV-EXT-001"
+
     prompt: int
     max_length: int | None = None
 
@@ -240,49 +239,23 @@ def _fmt(masks: Sequence[Sequence[bool]]) -> list[str]:
     return ["".join("x" if m else "." for m in mask) for mask in masks]
 
 
-class StoreDriver:
+class StoreDriver(Driver):
     """Applies steps to the engine and the reference, and judges each answer."""
 
-    def __init__(self, engine_factory: Callable[[], ExternalStoreAdapter], verdicts: Verdicts) -> None:
-        self.engine_factory = engine_factory
-        self.verdicts = verdicts
-        self.engine: ExternalStoreAdapter | None = None
+    suite_name = "external-store"
+    fault_rule = "KV-EXT-001"
+
+    def prepare(self) -> None:
         self.model: ExternalStoreCoordinator | None = None
         self.setup: StoreSetup | None = None
         self.exists: set[Key] = set()
-        self.steps: list[object] = []
-        self.dead = False
-
-    def apply(self, step: object) -> None:
-        if self.dead:
-            return
-        self.steps.append(step)
-        try:
-            getattr(self, "_" + type(step).__name__)(step)
-            return
-        except KnownFailure:
-            self.dead = True
-            return
-        except RuleViolation as failed:
-            found = failed
-        found.steps = list(self.steps)
-        self.dead = True
-        raise found
-
-    def _engine(self, rule_id: str, operation: Callable[[], object]) -> object:
-        try:
-            return operation()
-        except Exception as error:  # the engine's failure is a verdict, not a crash of kvoracle
-            failure = violation(rule_id, f"engine raised {type(error).__name__}: {error}")
-            failure.is_engine_error = True
-            raise failure from None
 
     def _StoreSetup(self, step: StoreSetup) -> None:
         self.setup = step
         self.exists = set()
         self.model = None if step.partial else ExternalStoreCoordinator(step.config())
-        self.engine = self.engine_factory()
-        self._engine("KV-EXT-001", lambda: self.engine.configure(step))
+        self.new_engine()
+        self.call("configure", step)
 
     def _Put(self, step: Put) -> None:
         assert self.setup is not None
@@ -300,7 +273,7 @@ class StoreDriver:
         setup, model = self.setup, self.model
         hashes = _hashes(setup, step.prompt)
         aligned = step.aligned_len
-        got = self._engine("KV-EXT-005", lambda: self.engine.store_mask(aligned))
+        got = self.call("store_mask", aligned, rule="KV-EXT-005")
         want = tuple(tuple(m) for m in model.store_mask(aligned))
         check("KV-EXT-005", len(got) == len(setup.groups),
               lambda: f"store_mask answered {len(got)} groups for {len(setup.groups)}")
@@ -311,7 +284,7 @@ class StoreDriver:
         check("KV-EXT-005", got == want,
               lambda: f"store_mask({aligned}) is {_fmt(got)}; want {_fmt(want)} (groups {list(setup.groups)}, "
                       f"scheduler block {setup.scheduler_block_size}, EAGLE groups {model.group_eagle})")
-        lookup = self._engine("KV-EXT-007", lambda: self.engine.lookup_mask(aligned))
+        lookup = self.call("lookup_mask", aligned, rule="KV-EXT-007")
         if lookup is not None:
             want_lookup = tuple(tuple(m) for m in model.lookup_mask(aligned))
             check("KV-EXT-007", lookup == want_lookup,
@@ -345,7 +318,7 @@ class StoreDriver:
         hashes = _hashes(setup, step.prompt)
         bound = len(setup.prompts[step.prompt]) - 1 if step.max_length is None else step.max_length
         exists = frozenset(self.exists)
-        masks, hit = self._engine("KV-EXT-001", lambda: self.engine.lookup(hashes, bound, exists))
+        masks, hit = self.call("lookup", hashes, bound, exists, rule="KV-EXT-001")
         detail = (f"prompt of {len(setup.prompts[step.prompt])} tokens, bound {bound}, groups "
                   f"{list(setup.groups)}, hash block {setup.hash_block_size}")
         check("KV-EXT-003", len(masks) == len(setup.groups)
@@ -372,13 +345,13 @@ class StoreDriver:
             check("KV-EXT-003", hit % self.model.alignment != 0 or masks == at_hit,
                   lambda: f"hit {hit}: load masks {_fmt(masks)}; the groups' load masks at {hit} are "
                           f"{_fmt(at_hit)}; {detail}")
-        local = self._engine("KV-EXT-001", lambda: self.engine.local_hit(hashes, bound, exists))
+        local = self.call("local_hit", hashes, bound, exists, rule="KV-EXT-001")
         if local is not None:
             check("KV-EXT-001", hit == local,
                   lambda: f"the store coordinator answers {hit}, the engine's own local hybrid coordinator "
                           f"over a pool holding the same keys answers {local}; EAGLE on: {setup.use_eagle}, "
                           f"EAGLE groups {list(setup.eagle_groups)}; {detail}")
-        loaded = self._engine("KV-EXT-004", lambda: self.engine.load_mask(hashes, hit))
+        loaded = self.call("load_mask", hashes, hit, rule="KV-EXT-004")
         check("KV-EXT-004", len(loaded) == len(setup.groups) and all(
             len(m) == cdiv(hit, size) and (hit == 0 or m[-1] or kind == hybrid_spec.CHUNKED_LOCAL)
             for m, (kind, size, _) in zip(loaded, setup.groups)),
@@ -388,20 +361,16 @@ class StoreDriver:
               lambda: f"load_mask(hashes, {hit}) is {_fmt(loaded)}, the lookup's masks {_fmt(masks)}; {detail}")
 
 
-class ExternalStoreMachine(RuleBasedStateMachine):
+class ExternalStoreMachine(SuiteMachine):
     """Stores, puts, evictions and lookups over one generated configuration."""
 
-    engine_factory: Callable[[], ExternalStoreAdapter]
-    verdicts: Verdicts
+    driver: StoreDriver
+    #: Whether the engine supports partial hash hits (set from the adapter when bound).
     partial: bool = False
-    on_example: Callable[[], None] | None = None
 
     def __init__(self) -> None:
         super().__init__()
-        self.driver = StoreDriver(type(self).engine_factory, self.verdicts)
         self.touched: list[int] = []
-        if self.on_example is not None:
-            self.on_example()
 
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
@@ -460,62 +429,18 @@ class ExternalStoreMachine(RuleBasedStateMachine):
         pass  # lets Hypothesis finish an example whose engine is dead
 
 
-def make_external_machine(engine_factory: Callable[[], ExternalStoreAdapter], verdicts: Verdicts,
-                          quarantine: object = None, step_timeout: float | None = None,
-                          on_example: Callable[[], None] | None = None) -> type[ExternalStoreMachine]:
-    """A machine class bound to one engine (the runner's ``make_machine`` signature)."""
-    partial = bool(getattr(engine_factory(), "supports_partial_hash_hits", False))
-    return bind_machine(ExternalStoreMachine, "ExternalStore", engine_factory, verdicts, on_example,
-                        partial=partial)
+_MASKS = returns.mask_groups
 
-
-#: Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable.
-external_verdicts = scoped_verdicts(SCOPE, OUT_OF_SCOPE)
-
-
-def load_external_engine(name: str) -> Callable[[], ExternalStoreAdapter]:
-    """A built-in external-store adapter by engine name, or ``module:Class``."""
-    return load_engine(EXTERNAL_ENGINES.get(name, name))
-
-
-# -- replay --------------------------------------------------------------------------------
-def replay_external(engine: str | Callable[[], ExternalStoreAdapter], steps: Sequence[object]) -> Verdicts:
-    """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
-    factory = load_external_engine(engine) if isinstance(engine, str) else engine
-    return replay_steps(StoreDriver, factory, external_verdicts(None, None), steps)
-
-
-_TEMPLATE = '''\
-"""kvoracle counterexample: {rule_id} on engine {engine!r} (external-store suite).
-
-{message}
-
-Generated by `kvoracle check --suite external-store`; run with `pytest {filename}`. The
-test fails while the engine still violates the rule, and passes once it is fixed.
-"""
-
-from kvoracle.conformance.external_store import Evict, LookUp, Put, Store, StoreSetup, replay_external
-
-ENGINE = {engine!r}
-STEPS = [
-{steps}
-]
-
-
-def test_{test_name}():
-    replay_external(ENGINE, STEPS)
-'''
-
-
-def write_external_replay(directory: Path, engine_spec: str, example: Counterexample) -> Path:
-    """Write ``example`` as ``test_external_<rule>_<engine>.py`` under ``directory``."""
-    from .replay import write_replay  # lazily: replay imports the lockstep driver
-
-    return write_replay(directory, engine_spec, example, template=_TEMPLATE, prefix="external_")
-
-
-def external_suite():
-    """The runner's description of this suite."""
-    from .runner import Suite
-    return Suite(load=load_external_engine, make_verdicts=external_verdicts, make_machine=make_external_machine,
-                 write_replay=write_external_replay)
+#: The external-store suite, registered with the harness.
+EXTERNAL_STORE = register_suite(SuiteDef(
+    name="external-store",
+    title="an external KV store's (Mooncake) hit, load and store masks",
+    operations=("configure", "lookup", "load_mask", "store_mask", "lookup_mask", "local_hit"),
+    returns={"lookup": returns.tuple_of(_MASKS, returns.integer), "load_mask": _MASKS,
+             "store_mask": _MASKS, "lookup_mask": returns.optional(_MASKS),
+             "local_hit": returns.optional(returns.integer)},
+    driver=StoreDriver, machine=ExternalStoreMachine, module=__name__,
+    step_names=("Evict", "LookUp", "Put", "Store", "StoreSetup"),
+    engines={"reference": f"{__name__}:ReferenceExternalStore",
+             "vllm": "kvoracle.conformance.engines.vllm_mooncake:VllmMooncakeStore"},
+    machine_options=lambda probe: {"partial": bool(getattr(probe, "supports_partial_hash_hits", False))}))

@@ -21,6 +21,13 @@ sized by the request's encoder tokens (KV-HLC-007), and Mamba groups in "none"
 mode (KV-HLC-008), sometimes one block per request. Mamba with caching on is not
 generated: its "align" allocation is not specified (KV-MAMBA-003).
 
+Cross attention is never prefix-cached (KV-CROSS-002), and that rule comes before the
+general ones that would also see it: a lookup's entries in a cross-attention group are
+charged to it before the hit comparison; a cache key of a cross-attention group before
+KV-POOL-015 and KV-LIFE-012 (caching off caches nothing); and a cross-attention block a
+waiting request holds without its allocation having given it before the table
+comparison.
+
 An engine in a paged KV store (``--engine paged-reference`` or ``paged-vllm``,
 :mod:`.engines.paged_store`) claims ``kv_data``: its observations carry the store's data
 checks, one tensor per group, and the suite judges the KV-DATA rules too.
@@ -33,13 +40,12 @@ from __future__ import annotations
 import copy
 import math
 from collections import Counter
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
 import attrs
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.hybrid_manager import HybridKVCacheManager
@@ -56,32 +62,14 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec.lifecycle import cdiv
 
-from .adapter import Capabilities, Lookup, Observation
-from .engines import load_engine
+from .adapter import RETURNS, Lookup, Observation
 from .engines.reference import ReferenceEngine
-from .lockstep import RULE_ID_IN_TEXT
+from .harness.driver import Driver
+from .harness.machine import SuiteMachine
+from .harness.suites import SuiteDef, register_suite
+from .harness.verdicts import Verdicts
 from .steps import Evict, ResetPrefixCache
-from .suite_kit import bind_machine, replay_steps, scoped_verdicts
-from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
-#: Engines with a hybrid lifecycle adapter, by the name ``--engine`` accepts.
-HYBRID_LIFECYCLE_ENGINES: dict[str, str] = {
-    "reference": "kvoracle.conformance.hybrid_lifecycle:ReferenceHybridLifecycle",
-    "vllm": "kvoracle.conformance.engines.vllm_hybrid_lifecycle:VllmHybridLifecycle",
-    # The same engines in a paged KV store (needs torch): the KV-DATA rules are judged too.
-    "paged-reference": "kvoracle.conformance.engines.paged_store:PagedHybridReferenceEngine",
-    "paged-vllm": "kvoracle.conformance.engines.paged_store:PagedVllmHybridEngine",
-}
-#: The rules this suite judges; every other rule is "not applicable" in its report.
-SCOPE = ("KV-HLC-001", "KV-HLC-002", "KV-HLC-003", "KV-HLC-004", "KV-HLC-005", "KV-LIFE-012",
-         "KV-HYB-003", "KV-HYB-010", "KV-HYB-012", "KV-HYB-013", "KV-HYB-014", "KV-SWA-007",
-         "KV-SWA-008", "KV-SWA-009", "KV-SWA-011", "KV-CROSS-001", "KV-FULL-002", "KV-LIFE-009",
-         "KV-POOL-002", "KV-POOL-004", "KV-POOL-008", "KV-POOL-010", "KV-POOL-011",
-         "KV-POOL-012", "KV-POOL-013", "KV-POOL-014", "KV-POOL-015", "KV-HLC-006", "KV-HLC-008")
-#: Judged as well when the engine keeps a paged KV store (it claims ``kv_data``).
-DATA_SCOPE = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004", "KV-DATA-005",
-              "KV-DATA-006")
-OUT_OF_SCOPE = "not judged by the hybrid lifecycle suite"
 NULL_BLOCK_ID = 0
 TOKENS = st.integers(0, 3)
 MAX_LIVE_REQUESTS = 4
@@ -144,6 +132,8 @@ class ReferenceHybridLifecycle(ReferenceEngine):
 class LifecycleSetup:
     """Configure both sides. Every request has ``num_encoder_tokens`` encoder tokens."""
 
+    primary_rule = "KV-HLC-001"
+
     groups: tuple[GroupDesc, ...]
     hash_block_size: int
     num_blocks: int
@@ -159,6 +149,8 @@ class LifecycleSetup:
 
 @attrs.frozen
 class Arrive:
+    primary_rule = "KV-HLC-001"
+
     request_id: str
     prompt: tuple[int, ...]
 
@@ -166,6 +158,8 @@ class Arrive:
 @attrs.frozen
 class Run:
     """Schedule ``num_new_tokens`` (a waiting request first looks up and adopts its hit)."""
+
+    primary_rule = "KV-HLC-001"
 
     request_id: str
     num_new_tokens: int
@@ -176,12 +170,16 @@ class Run:
 
 @attrs.frozen
 class Decode:
+    primary_rule = "KV-HLC-001"
+
     request_id: str
     tokens: tuple[int, ...]
 
 
 @attrs.frozen
 class Release:
+    primary_rule = "KV-LIFE-009"
+
     request_id: str
     preempted: bool = False
 
@@ -230,6 +228,11 @@ def check_invariants(verdicts: Verdicts, setup: LifecycleSetup, observation: Obs
               lambda: f"{observation.num_free_blocks} free blocks but a queue of {len(queue)}")
         check("KV-POOL-010", len(set(queue)) == len(queue), lambda: f"a block is twice in the free queue {queue}")
     if observation.cached is not None:
+        cross = {g for g, kind in enumerate(kinds) if kind == spec.CROSS_ATTENTION}
+        if cross:  # before the caching rules: a cached cross-attention block is this rule's
+            keys = [key for key in observation.cached if key[1] in cross]
+            check("KV-CROSS-002", not keys,
+                  lambda: f"cross-attention blocks are cached: {_short({k: observation.cached[k] for k in keys})}")
         listed = Counter(b for blocks in observation.cached.values() for b in blocks)
         check("KV-POOL-015", all(n == 1 for n in listed.values()) and NULL_BLOCK_ID not in listed,
               lambda: f"a block is under two keys or the null block is cached: {dict(listed)}")
@@ -239,53 +242,23 @@ def check_invariants(verdicts: Verdicts, setup: LifecycleSetup, observation: Obs
         check(rule_id, ok, message)
 
 
-class LifecycleDriver:
+class LifecycleDriver(Driver):
     """Applies steps to the engine and the reference, and judges each one."""
 
-    def __init__(self, engine_factory: Callable[[], HybridLifecycleAdapter], verdicts: Verdicts) -> None:
-        self.engine_factory = engine_factory
-        self.verdicts = verdicts
-        self.engine: HybridLifecycleAdapter | None = None
+    suite_name = "hybrid-lifecycle"
+    fault_rule = "KV-HLC-001"
+
+    def prepare(self) -> None:
         self.model = ReferenceHybridLifecycle()
         self.setup: LifecycleSetup | None = None
-        self.steps: list[object] = []
-        self.dead = False
         #: Requests that have been allocated since they arrived or were preempted.
         self.running: set[str] = set()
-
-    def apply(self, step: object) -> None:
-        if self.dead:
-            return
-        self.steps.append(step)
-        try:
-            getattr(self, "_" + type(step).__name__)(step)
-            return
-        except KnownFailure:
-            self.dead = True
-            return
-        except RuleViolation as failed:
-            found = failed
-        found.steps = list(self.steps)
-        self.dead = True
-        raise found
-
-    def _call(self, rule_id: str, operation: str, *args: object) -> object:
-        assert self.engine is not None
-        try:
-            return getattr(self.engine, operation)(*args)
-        except Exception as error:  # the engine's failure is a verdict, not a crash of kvoracle
-            named = RULE_ID_IN_TEXT.search(str(error))  # an engine that checks itself names the rule
-            if named and named.group(0) in SCOPE:
-                rule_id = named.group(0)
-            failure = violation(rule_id, f"engine raised in {operation}: {type(error).__name__}: {error}")
-            failure.is_engine_error = True
-            raise failure from None
 
     def _judge(self, rules: dict[str, str]) -> Observation:
         """Invariants of the engine's observation, then field-by-field comparison."""
         assert self.setup is not None
         expected = self.model.observe()
-        actual: Observation = self._call("KV-HLC-001", "observe")  # type: ignore[assignment]
+        actual: Observation = self.call("observe", rule="KV-HLC-001")  # type: ignore[assignment]
         check_invariants(self.verdicts, self.setup, actual)
         check = self.verdicts.check
         check(rules["tables"], dict(actual.block_tables) == dict(expected.block_tables),
@@ -305,28 +278,28 @@ class LifecycleDriver:
         self.setup = step
         config = step.config()
         self.model.configure(config)
-        self.engine = self.engine_factory()
+        self.new_engine()
         self.running = set()
-        self._call("KV-HLC-001", "configure", config)
+        self.call("configure", config, rule="KV-HLC-001")
         self._judge(_rules("KV-POOL-012"))
 
     def _Arrive(self, step: Arrive) -> None:
         self.model.add_request(step.request_id, step.prompt)
-        self._call("KV-HLC-001", "add_request", step.request_id, step.prompt)
+        self.call("add_request", step.request_id, step.prompt, rule="KV-HLC-001")
 
     def _Decode(self, step: Decode) -> None:
         self.model.append_tokens(step.request_id, step.tokens)
-        self._call("KV-HLC-001", "append_tokens", step.request_id, step.tokens)
+        self.call("append_tokens", step.request_id, step.tokens, rule="KV-HLC-001")
 
     def _Release(self, step: Release) -> None:
         without_partial = self._queue_without_partial_entries(step)
         self.model.free(step.request_id, step.preempted)
-        self._call("KV-LIFE-009", "free", step.request_id, step.preempted)
+        self.call("free", step.request_id, step.preempted, rule="KV-LIFE-009")
         self.running.discard(step.request_id)
         if without_partial is not None and without_partial != self.model.observe().free_queue:
             # A queue that differs exactly as if partial tail entries did not count as cached
             # is KV-HLC-006's difference, not a wrong free order.
-            seen = self._call("KV-HLC-001", "observe").free_queue  # type: ignore[attr-defined]
+            seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
             self.verdicts.check("KV-HLC-006", seen != without_partial, lambda: _diff(
                 "free queue (the engine's is the one where blocks with only a partial tail entry "
                 "count as uncached)", self.model.observe().free_queue, seen))
@@ -349,9 +322,9 @@ class LifecycleDriver:
         return other.observe().free_queue
 
     def _Evict(self, step: Evict) -> None:
-        before = self._call("KV-HLC-001", "observe")
+        before = self.call("observe", rule="KV-HLC-001")
         self.model.evict(step.block_ids)
-        self._call("KV-POOL-013", "evict", step.block_ids)
+        self.call("evict", step.block_ids, rule="KV-POOL-013")
         actual = self._judge(_rules("KV-POOL-013"))
         check = self.verdicts.check
         check("KV-POOL-013", (actual.ref_counts, actual.free_queue, dict(actual.block_tables))
@@ -363,9 +336,9 @@ class LifecycleDriver:
 
     def _ResetPrefixCache(self, step: ResetPrefixCache) -> None:
         assert self.setup is not None
-        before: Observation = self._call("KV-HLC-001", "observe")  # type: ignore[assignment]
+        before: Observation = self.call("observe", rule="KV-HLC-001")  # type: ignore[assignment]
         expected = self.model.reset_prefix_cache()
-        actual = self._call("KV-POOL-014", "reset_prefix_cache")
+        actual = self.call("reset_prefix_cache", rule="KV-POOL-014")
         check = self.verdicts.check
         check("KV-POOL-014", actual == pool_spec.can_reset_prefix_cache(before.num_free_blocks,
                                                                          self.setup.num_blocks), lambda: (
@@ -388,8 +361,8 @@ class LifecycleDriver:
         encoder = self.setup.num_encoder_tokens
         expected = self.model.allocate(step.request_id, new + step.num_draft_tokens, hit.num_tokens,
                                        step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
-        actual = self._call("KV-HLC-001", "allocate", step.request_id, new + step.num_draft_tokens,
-                            hit.num_tokens, step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
+        actual = self.call("allocate", step.request_id, new + step.num_draft_tokens, hit.num_tokens,
+                           step.num_lookahead_tokens, step.delay_cache_blocks, encoder, rule="KV-HLC-001")
         check = self.verdicts.check
         check("KV-HYB-012", (expected is None) == (actual is None), lambda: (
             f"allocate_slots({step.request_id}, {new + step.num_draft_tokens} new, hit {hit.num_tokens}): "
@@ -401,7 +374,7 @@ class LifecycleDriver:
             return
         self.running.add(step.request_id)
         self.model.advance(step.request_id, new)
-        self._call("KV-HLC-001", "advance", step.request_id, new)
+        self.call("advance", step.request_id, new, rule="KV-HLC-001")
         groups = self.setup.groups
         if hit.num_tokens:  # a skipped prefix in the hit is KV-SWA-009's case
             skipped = any(spec.skipped_tokens(kind, param, hit.num_tokens) >= size
@@ -413,7 +386,14 @@ class LifecycleDriver:
         # Where the nulls are decides which blocks were free for this allocation: a wrong null
         # layout is the table's rule, not the allocation order's.
         mine = self.model.observe().block_tables.get(step.request_id, ())
-        theirs = self._call("KV-HLC-001", "observe").block_tables.get(step.request_id, ())
+        theirs = self.call("observe", rule="KV-HLC-001").block_tables.get(step.request_id, ())
+        if waiting:  # a request adopts no cross-attention block: its table is what it was given now
+            for g, (kind, _, _) in enumerate(groups):
+                if kind == spec.CROSS_ATTENTION and g < min(len(theirs), len(actual)):
+                    adopted = [b for b in theirs[g] if b not in actual[g]]
+                    check("KV-CROSS-002", not adopted, lambda g=g, adopted=adopted: (
+                        f"{step.request_id} holds cross-attention blocks {adopted} in group {g} that its "
+                        f"allocation did not give it (new blocks {list(actual[g])})"))
         layouts = [[[b == NULL_BLOCK_ID for b in t] for t in tables_] for tables_ in (mine, theirs)]
         if len(mine) == len(theirs):
             for (kind, _, _), a, b in zip(groups, *layouts):
@@ -447,8 +427,12 @@ class LifecycleDriver:
     def _lookup(self, request_id: str) -> Lookup:
         assert self.setup is not None
         expected = self.model.lookup(request_id)
-        actual: Lookup = self._call("KV-HYB-003", "lookup", request_id)  # type: ignore[assignment]
+        actual: Lookup = self.call("lookup", request_id, rule="KV-HYB-003")  # type: ignore[assignment]
         check = self.verdicts.check
+        for g, (kind, _, _) in enumerate(self.setup.groups):
+            if kind == spec.CROSS_ATTENTION and g < len(actual.block_ids):
+                check("KV-CROSS-002", not actual.block_ids[g], lambda g=g: (
+                    f"the lookup of {request_id} hits cross-attention group {g}: {list(actual.block_ids[g])}"))
         rule_id = "KV-HYB-014" if len(self.setup.groups) == 1 else "KV-HYB-003"
         check(rule_id, actual.num_tokens == expected.num_tokens,
               lambda: _diff(f"hit length of {request_id}", expected.num_tokens, actual.num_tokens))
@@ -523,21 +507,16 @@ def lifecycle_setups(draw: st.DrawFn) -> LifecycleSetup:
     return LifecycleSetup(groups, hash_size, num_blocks, max_model_len, eagle, caching, encoder)
 
 
-class HybridLifecycleMachine(RuleBasedStateMachine):
+class HybridLifecycleMachine(SuiteMachine):
     """Requests arriving, running in chunks, decoding, being preempted and finishing."""
 
-    engine_factory: Callable[[], HybridLifecycleAdapter]
-    verdicts: Verdicts
-    on_example: Callable[[], None] | None = None
+    driver: LifecycleDriver
 
     def __init__(self) -> None:
         super().__init__()
-        self.driver = LifecycleDriver(type(self).engine_factory, self.verdicts)
         self.prompts: list[tuple[int, ...]] = []
         self.warm: list[tuple[int, ...]] = []
         self.next_id = 0
-        if self.on_example is not None:
-            self.on_example()
 
     @initialize(setup=lifecycle_setups(), data=st.data())
     def configure(self, setup: LifecycleSetup, data: st.DataObject) -> None:
@@ -699,65 +678,16 @@ class HybridLifecycleMachine(RuleBasedStateMachine):
         pass  # lets Hypothesis finish an example whose engine is dead
 
 
-def make_lifecycle_machine(engine_factory: Callable[[], HybridLifecycleAdapter], verdicts: Verdicts,
-                           quarantine: object = None, step_timeout: float | None = None,
-                           on_example: Callable[[], None] | None = None) -> type[HybridLifecycleMachine]:
-    """A machine class bound to one engine (the runner's ``make_machine`` signature; the
-    quarantine and step timeout are not used by this suite)."""
-    return bind_machine(HybridLifecycleMachine, "HybridLifecycle", engine_factory, verdicts, on_example)
-
-
-def lifecycle_verdicts(probe: object, expectations: dict[str, str] | None) -> Verdicts:
-    """Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable (and
-    outside :data:`DATA_SCOPE` too, for an engine ``probe`` that keeps no paged store)."""
-    claims = getattr(probe, "capabilities", None)
-    if claims is not None and claims().kv_data:
-        return scoped_verdicts(SCOPE + DATA_SCOPE, OUT_OF_SCOPE, Capabilities(kv_data=True))(probe, expectations)
-    return scoped_verdicts(SCOPE, OUT_OF_SCOPE)(probe, expectations)
-
-
-def load_lifecycle_engine(name: str) -> Callable[[], HybridLifecycleAdapter]:
-    return load_engine(HYBRID_LIFECYCLE_ENGINES.get(name, name))
-
-
-# -- replay --------------------------------------------------------------------------------
-def replay_lifecycle(engine: str | Callable[[], HybridLifecycleAdapter], steps: Sequence[object]) -> Verdicts:
-    """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
-    factory = load_lifecycle_engine(engine) if isinstance(engine, str) else engine
-    return replay_steps(LifecycleDriver, factory, lifecycle_verdicts(factory(), None), steps)
-
-
-_TEMPLATE = '''\
-"""kvoracle counterexample: {rule_id} on engine {engine!r} (hybrid lifecycle suite).
-
-{message}
-
-Generated by `kvoracle check --suite hybrid-lifecycle`; run with `pytest {filename}`. The
-test fails while the engine still violates the rule, and passes once it is fixed.
-"""
-
-from kvoracle.conformance.hybrid_lifecycle import (
-    Arrive, Decode, Evict, LifecycleSetup, Release, ResetPrefixCache, Run, replay_lifecycle)
-
-ENGINE = {engine!r}
-STEPS = [
-{steps}
-]
-
-
-def test_{test_name}():
-    replay_lifecycle(ENGINE, STEPS)
-'''
-
-
-def write_lifecycle_replay(directory: Path, engine_spec: str, example: Counterexample) -> Path:
-    from .replay import write_replay
-
-    return write_replay(directory, engine_spec, example, template=_TEMPLATE, prefix="lifecycle_")
-
-
-def lifecycle_suite():
-    """The runner's description of this suite."""
-    from .runner import Suite
-    return Suite(load=load_lifecycle_engine, make_verdicts=lifecycle_verdicts, make_machine=make_lifecycle_machine,
-                 write_replay=write_lifecycle_replay)
+#: The hybrid lifecycle suite, registered with the harness.
+HYBRID_LIFECYCLE = register_suite(SuiteDef(
+    name="hybrid-lifecycle",
+    title="allocation, caching and freeing over several KV-cache groups",
+    operations=("configure", "add_request", "lookup", "allocate", "advance", "append_tokens", "free",
+                "evict", "reset_prefix_cache", "observe"),
+    returns=RETURNS, driver=LifecycleDriver, machine=HybridLifecycleMachine, module=__name__,
+    step_names=("Arrive", "Decode", "Evict", "LifecycleSetup", "Release", "ResetPrefixCache", "Run"),
+    engines={"reference": f"{__name__}:ReferenceHybridLifecycle",
+             "vllm": "kvoracle.conformance.engines.vllm_hybrid_lifecycle:VllmHybridLifecycle",
+             # The same engines in a paged KV store (needs torch): the KV-DATA rules are judged too.
+             "paged-reference": "kvoracle.conformance.engines.paged_store:PagedHybridReferenceEngine",
+             "paged-vllm": "kvoracle.conformance.engines.paged_store:PagedVllmHybridEngine"}))

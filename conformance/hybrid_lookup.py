@@ -11,16 +11,40 @@ the cached flags it then reads are the ones the spec's loop is given.
 Per lookup the suite checks, in this order (the first failing rule names the
 counterexample, so the specific rules come before the catch-all):
 
+* the answer of each group not of full attention against its kind's hit rule. A group's
+  entries are the answer of its last lookup; when no lookup of its kind -- at any bound up to the
+  larger of the lookup's bound and the hashed tokens, with any drop the group may be
+  given (:func:`kvoracle.spec.hybrid.group_hit_length`,
+  :func:`~kvoracle.spec.hybrid.num_null_hit_blocks`) -- answers them, the group's finder
+  broke its kind's rule. An answer with exactly one of these signatures names that rule:
+  KV-HYB-002 (an answer of the kind over the blocks one group of a shared spec group has
+  cached), and for a sliding window KV-SWA-001 (the whole answer of the loop with
+  window + 1), KV-SWA-003 (a window of 1 answered with null blocks only), KV-SWA-004 (with
+  EAGLE: an EAGLE answer with its dropped block still on), KV-SWA-005 (without EAGLE: a
+  length off the alignment). Any other -- or one with several signatures -- is the kind's
+  own rule: KV-CHUNK-001 (chunked local), KV-MAMBA-001 (Mamba), KV-SWA-002 (sliding
+  window). An answer of the kind at another bound is the loop's to judge;
+* KV-HYB-002: the groups of one spec group, each answering its kind, answer alike (as
+  many entries, nulls in the same places);
 * KV-HYB-006: every full-attention group has exactly cdiv(hit, block_size) entries;
 * KV-MAMBA-002 / KV-HYB-004: no other group's entries reach beyond the hit;
-* KV-SWA-001, KV-HYB-007, KV-HYB-003: the hit length equals the spec's fixed point
-  (:func:`kvoracle.spec.hybrid.fixed_point`); a wrong hit that is exactly what a scan
-  needing cdiv(window, block_size) blocks gives is named KV-SWA-001, otherwise an
-  EAGLE configuration names KV-HYB-007 and any other KV-HYB-003;
-* KV-HYB-013: null entries where the attention type puts them
-  (:func:`kvoracle.spec.hybrid.num_null_hit_blocks`);
+* the hit length against the spec's fixed point (:func:`kvoracle.spec.hybrid.fixed_point`).
+  A wrong hit whose whole answer -- the hit and every non-full group's entries -- exactly
+  one other loop gives names that loop's rule: KV-SWA-001 (a scan needing
+  cdiv(window, block_size) blocks), KV-HYB-005 (one full-attention and one other spec
+  group, and the loop runs past its first pass, :func:`kvoracle.spec.hybrid.single_pass`);
+  then KV-HYB-004 (not aligned or beyond the bound), KV-HYB-007 (any other, with EAGLE)
+  and KV-HYB-003 (any other);
+* null entries where the attention type puts them: a second EAGLE drop is KV-HYB-007, any
+  other KV-HYB-013 (:func:`kvoracle.spec.hybrid.num_null_hit_blocks`);
 * KV-FULL-002: the non-null entries are the reference's block ids (engines that
   allocate in the reference's order, as vLLM does).
+
+A kind's rule is charged only where the group's own entries show it. A finder that
+answers what it would at another bound (too short a hit, say) is seen only through the
+hit, and charged to the loop's rules above; so is a lookup that reads a key in one group
+of a spec group only, where no group's entries show it (a loop over one member's cached
+blocks is one of many that could give a wrong hit: a small hit says too little to tell).
 
 The spec's loop is also compared with :func:`~kvoracle.spec.hybrid.declarative_hit`:
 where they differ the named divergence (KV-SWA-010, KV-HYB-009, or KV-SWA-003 for
@@ -31,14 +55,14 @@ Run it with ``kvoracle check --suite hybrid [--engine reference|vllm|module:Clas
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Protocol, runtime_checkable
 
 import attrs
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from kvoracle import __version__
 from kvoracle.reference.hybrid import HybridConfig, HybridCoordinator
@@ -54,20 +78,11 @@ from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
 from .adapter import Lookup
-from .engines import load_engine
-from .suite_kit import bind_machine, replay_steps, scoped_verdicts
-from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
+from .harness import returns
+from .harness.driver import Driver
+from .harness.machine import SuiteMachine
+from .harness.suites import SuiteDef, register_suite
 
-#: Engines with a hybrid lookup adapter, by the name ``--engine`` accepts.
-HYBRID_ENGINES: dict[str, str] = {
-    "reference": "kvoracle.conformance.hybrid_lookup:ReferenceHybridLookup",
-    "vllm": "kvoracle.conformance.engines.vllm_hybrid:VllmHybridLookup",
-}
-
-#: The rules this suite judges; every other rule is "not applicable" in its report.
-SCOPE = ("KV-HYB-003", "KV-HYB-004", "KV-HYB-006", "KV-HYB-007", "KV-HYB-009", "KV-HYB-013",
-         "KV-SWA-001", "KV-SWA-003", "KV-SWA-010", "KV-MAMBA-002", "KV-FULL-002")
-OUT_OF_SCOPE = "not judged by the hybrid lookup suite (see kvoracle check --suite lockstep)"
 #: Four in five blocks cached: holes that leave runs long enough to hit.
 MOSTLY_TRUE = st.integers(0, 4).map(bool)
 #: The null block's id in every engine's answer.
@@ -134,6 +149,8 @@ GroupDesc = tuple[str, int, int]
 class HybridSetup:
     """Configure both sides; the prompts later steps refer to by index."""
 
+    primary_rule = "KV-HYB-003"
+
     groups: tuple[GroupDesc, ...]
     hash_block_size: int
     num_blocks: int
@@ -147,6 +164,7 @@ class HybridSetup:
 
 @attrs.frozen
 class Seed:
+    primary_rule = "KV-HYB-003"
     prompt: int
     group: int
     mask: tuple[bool, ...]
@@ -154,6 +172,7 @@ class Seed:
 
 @attrs.frozen
 class LookUp:
+    primary_rule = "KV-HYB-003"
     prompt: int
     max_cache_hit_length: int | None = None
 
@@ -198,12 +217,24 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
         kind = draw(st.sampled_from(kinds), label="kind")
         scale = 1 if uniform or kind == spec.MAMBA else draw(st.sampled_from([1, 1, 2, 3, 4]), label="scale")
         drafts.append([kind, hash_size * scale, 0])
-    if count == 2 and uniform and draw(st.booleans(), label="full_and_other"):
-        # Full attention and one other group, one block size: the loop's single pass
+    if count == 2 and draw(st.booleans(), label="full_and_other"):
+        # Full attention and one other group: the loop's single pass
         # (KV-HYB-005), in which the other group alone decides the hit -- a Mamba group
         # answering past the candidate (KV-MAMBA-002) or a window scan (KV-SWA-001).
         drafts[0][0] = spec.FULL
         drafts[1][0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="other kind")
+        if drafts[1][0] == spec.MAMBA:
+            drafts[1][1] = hash_size  # KV-MAMBA-003
+        if drafts[1][0] in (spec.SLIDING_WINDOW, spec.MAMBA) and draw(st.booleans(), label="finer other"):
+            # The other group finer than the alignment: after the single pass its answer is the
+            # hit, so a window run or Mamba state ending off an aligned boundary shows in it
+            # (KV-SWA-005, KV-MAMBA-001); later passes would hide it behind an aligned group.
+            drafts[1][1] = hash_size
+            drafts[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="coarse full")
+        if eagle and drafts[1][0] == spec.SLIDING_WINDOW and draw(st.booleans(), label="window_1"):
+            # With EAGLE a window of 1 is where the single pass decides the answer: a pass
+            # more would look the verified window up again without its drop (KV-HYB-005).
+            drafts[1][2] = 1
     if count >= 3 and draw(st.integers(0, 2), label="two_full_specs") > 0:
         # Two full-attention spec groups (different block sizes) before others that can
         # shrink the hit: only then can a coordinator forget to trim the second (KV-HYB-006).
@@ -213,6 +244,19 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
             if draft[0] == spec.FULL:
                 draft[0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="shrinking kind")
                 draft[1] = hash_size if draft[0] == spec.MAMBA else draft[1]
+    windows = [d for d in drafts if d[0] == spec.SLIDING_WINDOW]
+    coarse = [d for d in drafts if d[0] == spec.FULL]
+    kept: list[list] = []
+    if not eagle and windows and coarse and draw(st.booleans(), label="fine_window"):
+        # A sliding window finer than the alignment, without EAGLE: a run may then end only on
+        # an aligned boundary, and a short run is rounded down (KV-SWA-005).
+        windows[0][1] = hash_size
+        coarse[0][1] = max(coarse[0][1], 2 * hash_size)
+        kept = [windows[0], coarse[0]]
+    spare = [d for d in drafts if not any(d is k for k in kept)]
+    if not eagle and spare and all(d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(
+            st.integers(0, 2), label="chunked_group") == 0:
+        spare[-1][0] = spec.CHUNKED_LOCAL  # its null blocks before the chunk start (KV-CHUNK-001)
     # Chunked local attention must use the scheduler block size (KV-CHUNK-003).
     others = [size for kind, size, _ in drafts if kind != spec.CHUNKED_LOCAL]
     alignment = _lcm([hash_size, *others]) if others else hash_size * draw(st.sampled_from([1, 2]))
@@ -220,7 +264,7 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
         if draft[0] == spec.CHUNKED_LOCAL:
             draft[1] = alignment
             draft[2] = alignment * draw(st.integers(1, 3), label="chunk_blocks")
-        elif draft[0] == spec.SLIDING_WINDOW:
+        elif draft[0] == spec.SLIDING_WINDOW and not draft[2]:
             # Windows 1..16, often one past a multiple of the block size, where
             # cdiv(window, b) != cdiv(window - 1, b) (KV-SWA-001).
             # Small windows as often: a run of a few blocks is what a mostly cached group has.
@@ -260,62 +304,44 @@ def _masks(length: int) -> st.SearchStrategy[tuple[bool, ...]]:
     return dense | sparse | holes | mostly
 
 
+def _segment_end_holes(length: int, per_segment: int) -> st.SearchStrategy[tuple[bool, ...]]:
+    """Masks of ``length`` blocks, every block cached but the last of up to two of the aligned
+    segments of ``per_segment`` blocks."""
+    segments = st.sets(st.integers(0, max(length // per_segment - 1, 0)), min_size=1, max_size=2)
+    return segments.map(lambda ends: tuple((j + 1) % per_segment != 0 or (j + 1) // per_segment - 1 not in ends
+                                           for j in range(length)))
+
+
 # -- judging -------------------------------------------------------------------------------
-class HybridDriver:
+class HybridDriver(Driver):
     """Applies steps to the engine and the reference, and judges each lookup."""
 
-    def __init__(self, engine_factory: Callable[[], HybridLookupAdapter], verdicts: Verdicts) -> None:
-        self.engine_factory = engine_factory
-        self.verdicts = verdicts
-        self.engine: HybridLookupAdapter | None = None
+    suite_name = "hybrid"
+    fault_rule = "KV-HYB-003"
+
+    def prepare(self) -> None:
         self.model = ReferenceHybridLookup()
         self.setup: HybridSetup | None = None
-        self.steps: list[object] = []
-        self.dead = False
         #: Divergences of the spec's loop from the declarative hit seen (rule id -> count).
         self.divergences: dict[str, int] = {}
-
-    def apply(self, step: object) -> None:
-        if self.dead:
-            return
-        self.steps.append(step)
-        try:
-            getattr(self, "_" + type(step).__name__)(step)
-            return
-        except KnownFailure:
-            self.dead = True
-            return
-        except RuleViolation as failed:
-            found = failed
-        found.steps = list(self.steps)
-        self.dead = True
-        raise found
-
-    def _engine(self, rule_id: str, operation: Callable[[], object]) -> object:
-        try:
-            return operation()
-        except Exception as error:  # the engine's failure is a verdict, not a crash of kvoracle
-            failure = violation(rule_id, f"engine raised {type(error).__name__}: {error}")
-            failure.is_engine_error = True
-            raise failure from None
 
     def _HybridSetup(self, step: HybridSetup) -> None:
         self.setup = step
         config = step.config()
         self.model.configure(config)
-        self.engine = self.engine_factory()
-        self._engine("KV-HYB-003", lambda: self.engine.configure(config))
+        self.new_engine()
+        self.call("configure", config)
 
     def _Seed(self, step: Seed) -> None:
         assert self.setup is not None and self.engine is not None
         prompt = self.setup.prompts[step.prompt]
         self.model.seed_cache(prompt, step.group, step.mask)
-        self._engine("KV-HYB-003", lambda: self.engine.seed_cache(prompt, step.group, step.mask))
+        self.call("seed_cache", prompt, step.group, step.mask)
 
     def _LookUp(self, step: LookUp) -> None:
         assert self.setup is not None and self.engine is not None
         prompt = self.setup.prompts[step.prompt]
-        got = self._engine("KV-HYB-003", lambda: self.engine.lookup(prompt, step.max_cache_hit_length))
+        got = self.call("lookup", prompt, step.max_cache_hit_length)
         want = self.model.lookup(prompt, step.max_cache_hit_length)
         self._judge(prompt, step, got, want)
 
@@ -324,19 +350,30 @@ class HybridDriver:
         coordinator = self.model.coordinator
         assert coordinator is not None and self.setup is not None
         config = coordinator.config
-        hashes = self.model.hashes(prompt)
         bound = len(prompt) - 1 if step.max_cache_hit_length is None else step.max_cache_hit_length
-        alignment = config.scheduler_block_size
-        flat = tuple(group.flat(config.use_eagle) for group in coordinator.spec_groups)
-        cached = tuple(coordinator._cached_flags(hashes, group) for group in coordinator.spec_groups)
-        num_hashed = len(hashes) * config.hash_block_size
-        loop = spec.fixed_point(flat, cached, bound, num_hashed, alignment)
+        spec_in = _SpecInputs(coordinator, self.model.hashes(prompt), bound)
+        flat, loop = spec_in.flat, spec_in.loop
         hit = got.num_tokens
         check("KV-HYB-003", len(got.block_ids) == len(config.kv_cache_specs),
               lambda: f"the engine answered {len(got.block_ids)} groups, the config has "
                       f"{len(config.kv_cache_specs)}")
+        # The kind's own hit rule first: a group's entries are the answer of its last lookup,
+        # and one no lookup of its kind gives is that kind's failure (each member's own). A
+        # full-attention answer has no null entry (KV-HYB-013, judged below).
+        answers_kind = {g: NULL_BLOCK_ID not in got.block_ids[g] if sg.kind == spec.FULL
+                        else self._judge_answer(spec_in, index, g, got)
+                        for index, sg in enumerate(coordinator.spec_groups) for g in sg.group_ids}
+        for sg in coordinator.spec_groups:  # then KV-HYB-002: members that each answer their kind, but unlike
+            first = sg.group_ids[0]
+            for g in sg.group_ids[1:]:
+                check("KV-HYB-002", not (answers_kind[g] and answers_kind[first])
+                      or _layout(got.block_ids[g]) == _layout(got.block_ids[first]),
+                      lambda g=g, first=first, sg=sg: f"groups {first} and {g} have one spec ({sg.kind}, "
+                      f"block size {sg.kv_cache_spec.block_size}) but answer {list(got.block_ids[first])} "
+                      f"and {list(got.block_ids[g])}: the groups of a spec group report the same hit "
+                      f"(as many entries, null entries (id {NULL_BLOCK_ID}) in the same places)")
         groups = [(sg, g) for sg in coordinator.spec_groups for g in sg.group_ids]
-        for sg, g in groups:  # KV-HYB-006 first: a full group's surplus is its rule, not KV-HYB-004's
+        for sg, g in groups:  # KV-HYB-006 before KV-HYB-004: a full group's surplus is its rule
             if sg.kind == spec.FULL:
                 size = sg.kv_cache_spec.block_size
                 check("KV-HYB-006", len(got.block_ids[g]) == cdiv(hit, size),
@@ -350,20 +387,21 @@ class HybridDriver:
                 check(rule_id, len(got.block_ids[g]) * size <= hit,
                       lambda g=g, size=size, sg=sg: f"{sg.kind} group {g} answers "
                       f"{len(got.block_ids[g])} blocks of {size} tokens, beyond the hit of {hit} tokens")
-        self._judge_length(hit, loop[0], flat, cached, bound, num_hashed, alignment, prompt)
+        self._judge_length(got, spec_in, prompt)
         for sg, g in groups:
             index = coordinator.spec_groups.index(sg)
             kind, size, param, _ = flat[index]
             entries = got.block_ids[g]
             last_bound, drop = loop[4][index]
             nulls = spec.num_null_hit_blocks(kind, len(entries), last_bound, drop, size, param)
-            if flat[index][3] and not drop and kind != spec.MAMBA and _null_pattern(entries) != nulls:
+            pattern = _null_pattern(entries)
+            if flat[index][3] and not drop and kind != spec.MAMBA and pattern != nulls:
                 # Wrong nulls in a group the loop had already verified, exactly where a lookup
                 # that drops its EAGLE block again (bound one block further) puts them: a
                 # second drop, named KV-HYB-007 like a wrong hit with EAGLE.
-                again = spec.num_null_hit_blocks(kind, len(entries), min(last_bound + size, num_hashed),
+                again = spec.num_null_hit_blocks(kind, len(entries), min(last_bound + size, spec_in.num_hashed),
                                                  True, size, param)
-                check("KV-HYB-007", _null_pattern(entries) != again,
+                check("KV-HYB-007", pattern != again,
                       lambda entries=entries, nulls=nulls, g=g, kind=kind: f"{kind} group {g} answers "
                       f"{list(entries)}: the null entries of an EAGLE drop repeated after the group was "
                       f"verified; want {nulls} null entries first (id {NULL_BLOCK_ID})")
@@ -374,21 +412,93 @@ class HybridDriver:
               lambda: f"hit block ids {[list(b) for b in got.block_ids]}; the reference's are "
                       f"{[list(b) for b in want.block_ids]}")
 
-    def _judge_length(self, hit: int, expected: int, flat: tuple[spec.SpecGroup, ...],
-                      cached: tuple[tuple[bool, ...], ...], bound: int, num_hashed: int, alignment: int,
-                      prompt: Sequence[int]) -> None:
+    def _judge_answer(self, spec_in: _SpecInputs, index: int, group_id: int, got: Lookup) -> bool:
+        """One non-full spec group's answer against its kind's hit rule.
+
+        The group's entries are the answer of its last lookup, at a bound and drop the loop
+        chose. The kind's rule is broken when no lookup of that kind, at any bound up to the
+        larger of the lookup's bound and the hashed tokens and with either drop the group may
+        be given, answers these entries: then the group's finder, not the loop, is wrong. (A
+        finder that errs towards another bound's answer is the loop's rules' to catch.) A
+        wrong answer that has exactly one named rule's signature is charged to that rule; one
+        with none, or with several (which could each explain it), to the kind's own rule.
+        Returns whether the entries are an answer of the kind (checks that pass record it).
+        """
         check = self.verdicts.check
+        kind, size, param, eagle = spec_in.flat[index]
+        entries = got.block_ids[group_id]
+        shape = (len(entries), _null_pattern(entries))
+        valid = shape == spec_in.answer(spec_in.loop, index) or shape in spec_in.answers(index, (False, eagle))
+        n, nulls = shape
+        alignment = spec_in.alignment
+        #: (rule, whether the answer has the rule's signature, what the signature is)
+        named: list[tuple[str, Callable[[], bool], str]] = []
+        members = [g for i, g in spec_in.members if i == index]
+        if members:
+            named.append(("KV-HYB-002", lambda: any(shape in spec_in.answers(index, (False, eagle), g)
+                                                    for g in members),
+                          f"an answer of its kind if a block need only be cached in one group of its spec "
+                          f"group {members}, not in all of them"))
+        if kind == spec.SLIDING_WINDOW:
+            named.append(("KV-SWA-001", lambda: spec_in.reproduces(spec_in.wide, got, widen=True),
+                          "the whole answer of the loop whose window scan needs cdiv(window, block_size) "
+                          "contiguous blocks"))
+            if param == 1 and not eagle:
+                named.append(("KV-SWA-003", lambda: bool(n) and nulls == n,
+                              "every entry null, as if a window of 1 needed no cached block"))
+            if eagle:
+                named.append(("KV-SWA-004", lambda: bool(n) and (n - 1, nulls) in spec_in.answers(index, (True,)),
+                              "an EAGLE lookup's answer with the block it drops still on (the run of need + 1 "
+                              "blocks kept whole)"))
+            if not eagle and size != alignment:
+                named.append(("KV-SWA-005", lambda: (n * size) % alignment != 0,
+                              f"{n * size} tokens, not a multiple of the alignment {alignment}"))
+        matching = [] if valid else [rule_id for rule_id, signature, _ in named if signature()]
+
+        def detail() -> str:
+            what = {spec.SLIDING_WINDOW: f", window {param}", spec.CHUNKED_LOCAL: f", chunk {param}"}.get(kind, "")
+            return (f"{kind} group {group_id} (block size {size}{what}{', EAGLE' if eagle else ''}, alignment "
+                    f"{alignment}) answers {list(entries)}, cached {_flags(spec_in.cached[index])}; the spec's "
+                    f"loop wants {spec_in.answer(spec_in.loop, index)} (entries, leading nulls)")
+
+        for rule_id, _, signature_text in named:
+            check(rule_id, matching != [rule_id], lambda text=signature_text: f"{detail()}: {text}")
+        general, what = {
+            spec.CHUNKED_LOCAL: ("KV-CHUNK-001", "floor(bound / chunk) * chunk tokens of null blocks, then the "
+                                                 "cached blocks from there"),
+            spec.MAMBA: ("KV-MAMBA-001", "null blocks, then the last cached block whose end is a multiple of "
+                                         "the alignment"),
+            spec.SLIDING_WINDOW: ("KV-SWA-002", "null blocks, then the run of cached blocks that ends the "
+                                                "greatest accepted length")}[kind]
+        check(general, valid, lambda: f"{detail()}: no {kind} lookup answers that -- {what}"
+                                      + (f" (it could be {' or '.join(matching)})" if matching else ""))
+        return valid
+
+    def _judge_length(self, got: Lookup, spec_in: _SpecInputs, prompt: Sequence[int]) -> None:
+        check = self.verdicts.check
+        hit = got.num_tokens
+        flat, cached, bound, alignment = spec_in.flat, spec_in.cached, spec_in.bound, spec_in.alignment
+        expected = spec_in.loop[0]
         detail = (f"prompt of {len(prompt)} tokens, bound {bound}, spec groups {list(flat)}, cached "
-                  f"{[''.join('x' if c else '.' for c in flags) for flags in cached]}")
+                  f"{[_flags(flags) for flags in cached]}")
         has_swa = any(kind == spec.SLIDING_WINDOW for kind, _, _, _ in flat)
         eagle = any(e for _, _, _, e in flat)
-        if has_swa:
-            # The scan that wrongly needs cdiv(window, b) blocks is the loop with window + 1.
-            wide = tuple((k, s, p + 1 if k == spec.SLIDING_WINDOW else p, e) for k, s, p, e in flat)
-            wrong = spec.fixed_point(wide, cached, bound, num_hashed, alignment)[0]
-            check("KV-SWA-001", hit == expected or hit != wrong,
-                  lambda: f"hit {hit} tokens, the spec's {expected}: what a sliding-window scan needing "
-                          f"cdiv(window, block_size) blocks answers; {detail}")
+        # A wrong hit whose whole answer (the hit and every other group's entries) exactly one
+        # other loop gives is that loop's rule; one that several give could be any of them,
+        # and falls to the general rules below.
+        others: list[tuple[str, Callable[[], list[tuple[tuple, bool]]], Callable[[], str]]] = []
+        if has_swa:  # the scan that wrongly needs cdiv(window, b) blocks is the loop with window + 1
+            others.append(("KV-SWA-001", lambda: [(spec_in.wide, True)], lambda: "the answer of a "
+                           "sliding-window scan needing cdiv(window, block_size) blocks"))
+        if spec.single_pass(tuple(kind for kind, _, _, _ in flat)):
+            others.append(("KV-HYB-005", lambda: [(spec_in.no_shortcut, False)], lambda: "the answer of a loop "
+                           "that runs past its first pass with one full-attention and one other spec group"))
+        matching = [] if hit == expected else [
+            rule_id for rule_id, loops, _ in others
+            if any(spec_in.reproduces(loop, got, widen) for loop, widen in loops())]
+        for rule_id, _, what in others:
+            check(rule_id, matching != [rule_id],
+                  lambda what=what: f"hit {hit} tokens, the spec's {expected}: {what()}; {detail}")
         check("KV-HYB-004", 0 <= hit <= bound and hit % alignment == 0,
               lambda: f"hit {hit} is not an aligned length within the bound {bound}; {detail}")
         if eagle:
@@ -408,11 +518,102 @@ class HybridDriver:
         if any(k == spec.SLIDING_WINDOW and p == 1 for k, _, p, _ in flat):
             check("KV-SWA-003", hit == expected, "")
         if expected != declarative:
-            ideal = spec.fixed_point(flat, cached, bound, num_hashed, alignment, ideal=True)[0]
+            ideal = spec.fixed_point(flat, cached, bound, spec_in.num_hashed, alignment, ideal=True)[0]
             names = ["KV-SWA-003"] if ideal != declarative else (
                 (["KV-SWA-010"] if swa_misaligned else []) + (["KV-HYB-009"] if eagle_swa else []))
             for name in names or ["unnamed"]:
                 self.divergences[name] = self.divergences.get(name, 0) + 1
+
+
+class _SpecInputs:
+    """One lookup as the spec sees it -- each spec group's kind and cached blocks, the bound,
+    the hashed tokens and the alignment -- and the loops the checks compare the engine with,
+    each computed when a check first needs it."""
+
+    def __init__(self, coordinator: HybridCoordinator, hashes: Sequence[bytes], bound: int) -> None:
+        config = coordinator.config
+        self.coordinator, self.hashes, self.bound = coordinator, hashes, bound
+        self.alignment = config.scheduler_block_size
+        self.flat = tuple(group.flat(config.use_eagle) for group in coordinator.spec_groups)
+        self.cached = tuple(coordinator._cached_flags(hashes, group) for group in coordinator.spec_groups)
+        self.num_hashed = len(hashes) * config.hash_block_size
+        #: The groups of spec groups with more than one member (KV-HYB-002).
+        self.members = [(index, g) for index, group in enumerate(coordinator.spec_groups)
+                        if len(group.group_ids) > 1 for g in group.group_ids]
+        self._member_flags: dict[tuple[int, int], tuple[bool, ...]] = {}
+
+    def fixed_point(self, flat: tuple[spec.SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
+                    one_pass: bool = True) -> tuple:
+        return spec.fixed_point(flat, cached, self.bound, self.num_hashed, self.alignment, one_pass=one_pass)
+
+    @functools.cached_property
+    def loop(self) -> tuple:
+        """The spec's loop: what the engine must answer."""
+        return self.fixed_point(self.flat, self.cached)
+
+    @functools.cached_property
+    def wide(self) -> tuple | None:
+        """The loop when a sliding-window hit needs cdiv(window, b) blocks: window + 1 (KV-SWA-001)."""
+        if not any(kind == spec.SLIDING_WINDOW for kind, _, _, _ in self.flat):
+            return None
+        return self.fixed_point(tuple((k, s, p + 1 if k == spec.SLIDING_WINDOW else p, e)
+                                      for k, s, p, e in self.flat), self.cached)
+
+    @functools.cached_property
+    def no_shortcut(self) -> tuple:
+        """The loop run to its fixed point without KV-HYB-005's single pass."""
+        return self.fixed_point(self.flat, self.cached, one_pass=False)
+
+    def member_flags(self, index: int, group_id: int) -> tuple[bool, ...]:
+        """Spec group ``index``'s cached blocks as group ``group_id`` alone has them."""
+        if (index, group_id) not in self._member_flags:
+            alone = attrs.evolve(self.coordinator.spec_groups[index], group_ids=(group_id,))
+            self._member_flags[index, group_id] = self.coordinator._cached_flags(self.hashes, alone)
+        return self._member_flags[index, group_id]
+
+    def answer(self, loop: tuple, index: int, widen: bool = False) -> tuple[int, int]:
+        """(entries, leading nulls) of spec group ``index``'s last lookup in ``loop`` (``widen``:
+        a loop whose windows are one token wider)."""
+        kind, size, param, _ = self.flat[index]
+        last_bound, drop = loop[4][index]
+        n = loop[1][index] // size
+        param += 1 if widen and kind == spec.SLIDING_WINDOW else 0
+        return n, spec.num_null_hit_blocks(kind, n, last_bound, drop, size, param)
+
+    def reproduces(self, loop: tuple | None, got: Lookup, widen: bool = False) -> bool:
+        """Whether the engine's answer is exactly ``loop``'s: the same hit, and each non-full
+        spec group's entries as many, with as many leading nulls, as its last lookup there."""
+        if loop is None or got.num_tokens != loop[0]:
+            return False
+        for index, group in enumerate(self.coordinator.spec_groups):
+            entries = got.block_ids[group.group_ids[0]]
+            if group.kind != spec.FULL and (len(entries), _null_pattern(entries)) != self.answer(loop, index, widen):
+                return False
+        return True
+
+    def answers(self, index: int, drops: tuple[bool, ...], member: int | None = None
+                ) -> frozenset[tuple[int, int]]:
+        """(entries, leading nulls) of every answer spec group ``index``'s finder gives, at every
+        bound up to the larger of the lookup's bound and the hashed tokens, with each drop in
+        ``drops``: whatever bound and drop a coordinator passes, its answer is one of these.
+        With ``member``, over the blocks that group alone has cached."""
+        kind, size, param, _ = self.flat[index]
+        flags = self.cached[index] if member is None else self.member_flags(index, member)
+        found = set()
+        for drop in set(drops):
+            for bound in range(0, max(self.bound, self.num_hashed) + 1, size):  # finders read whole blocks
+                n = spec.group_hit_length(kind, flags, bound, size, param, drop, self.alignment) // size
+                found.add((n, spec.num_null_hit_blocks(kind, n, bound, drop, size, param)))
+        return frozenset(found)
+
+
+def _flags(flags: Sequence[bool]) -> str:
+    return "".join("x" if c else "." for c in flags)
+
+
+def _layout(entries: Sequence[int]) -> tuple[bool, ...]:
+    """Which entries of a group's answer are the null block."""
+    return tuple(b == NULL_BLOCK_ID for b in entries)
 
 
 def _null_pattern(entries: Sequence[int]) -> int | None:
@@ -425,19 +626,14 @@ def _null_pattern(entries: Sequence[int]) -> int | None:
 DIVERGENCES: dict[str, int] = {}
 
 
-class HybridLookupMachine(RuleBasedStateMachine):
+class HybridLookupMachine(SuiteMachine):
     """Seeds and lookups over one generated hybrid configuration."""
 
-    engine_factory: Callable[[], HybridLookupAdapter]
-    verdicts: Verdicts
-    on_example: Callable[[], None] | None = None
+    driver: HybridDriver
 
     def __init__(self) -> None:
         super().__init__()
-        self.driver = HybridDriver(type(self).engine_factory, self.verdicts)
         self.seeded: list[int] = []
-        if self.on_example is not None:
-            self.on_example()
 
     @initialize(setup=hybrid_setups())
     def configure(self, setup: HybridSetup) -> None:
@@ -473,6 +669,7 @@ class HybridLookupMachine(RuleBasedStateMachine):
         # the EAGLE peek and sliding-window runs then differ between groups, which is what
         # makes the loop take several passes and the groups' answers differ.
         independent = data.draw(st.integers(0, 2), label="independent masks") > 0
+        alignment = _lcm([size for _, size, _ in setup.groups])
         for group, (_, size, _) in enumerate(setup.groups):
             per = size // setup.hash_block_size
             length = min(tokens // size, setup.num_blocks - 1)
@@ -480,7 +677,13 @@ class HybridLookupMachine(RuleBasedStateMachine):
                 # A group now and then wholly cached: the others then decide the hit.
                 holes = st.lists(MOSTLY_TRUE, min_size=length, max_size=length).map(tuple)
                 whole = st.just((True,) * length)
-                self.driver.apply(Seed(prompt, group, data.draw(holes | holes | whole, label="mask")))
+                masks = holes | holes | whole
+                if size < alignment:
+                    # A group finer than the alignment missing the last block of an aligned
+                    # segment: a window's run or a Mamba state may not end just before it,
+                    # only at an aligned boundary (KV-SWA-005, KV-MAMBA-001).
+                    masks |= _segment_end_holes(length, alignment // size)
+                self.driver.apply(Seed(prompt, group, data.draw(masks, label="mask")))
                 continue
             self.driver.apply(Seed(prompt, group, tuple(
                 all(mask[j * per:(j + 1) * per]) and len(mask) >= (j + 1) * per for j in range(length))))
@@ -494,11 +697,15 @@ class HybridLookupMachine(RuleBasedStateMachine):
         prompt = data.draw(st.sampled_from(self.seeded) if seeded
                            else st.integers(0, len(setup.prompts) - 1), label="prompt")
         # Or bounded, now and then to a few aligned blocks: every group then tends to accept the whole
-        # bound, and a group answering past it (KV-MAMBA-002) shows.
+        # bound, and a group answering past it (KV-MAMBA-002) shows. Or on an aligned boundary, where
+        # a window group finer than the alignment is looked up at the bound itself and its run must
+        # end there or at an earlier boundary (KV-SWA-005).
         tokens = len(setup.prompts[prompt])
-        near = min(tokens, 3 * _lcm([size for _, size, _ in setup.groups]))
-        bound = data.draw(st.none() | st.none() | st.none() | st.integers(0, tokens) | st.integers(0, near),
-                          label="bound")
+        alignment = _lcm([size for _, size, _ in setup.groups])
+        near = min(tokens, 3 * alignment)
+        aligned = st.integers(0, tokens // alignment).map(lambda k: k * alignment)
+        bound = data.draw(st.none() | st.none() | st.none() | st.integers(0, tokens) | st.integers(0, near)
+                          | aligned, label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
     @precondition(lambda self: not self._alive())
@@ -507,68 +714,19 @@ class HybridLookupMachine(RuleBasedStateMachine):
         pass  # lets Hypothesis finish an example whose engine is dead (no other rule runs)
 
     def teardown(self) -> None:
+        super().teardown()
         for name, count in self.driver.divergences.items():
             DIVERGENCES[name] = DIVERGENCES.get(name, 0) + count
 
 
-def make_hybrid_machine(engine_factory: Callable[[], HybridLookupAdapter], verdicts: Verdicts,
-                        quarantine: object = None, step_timeout: float | None = None,
-                        on_example: Callable[[], None] | None = None) -> type[HybridLookupMachine]:
-    """A machine class bound to one engine (the runner's ``make_machine`` signature).
-
-    ``quarantine`` and ``step_timeout`` are accepted for that signature and unused: lookups
-    are not run under a time limit.
-    """
-    return bind_machine(HybridLookupMachine, "HybridLookup", engine_factory, verdicts, on_example)
-
-
-#: Verdicts over every rule, with the rules outside :data:`SCOPE` not applicable.
-hybrid_verdicts = scoped_verdicts(SCOPE, OUT_OF_SCOPE)
-
-
-def load_hybrid_engine(name: str) -> Callable[[], HybridLookupAdapter]:
-    """A built-in hybrid adapter by engine name, or ``module:Class``."""
-    return load_engine(HYBRID_ENGINES.get(name, name))
-
-
-# -- replay --------------------------------------------------------------------------------
-def replay_hybrid(engine: str | Callable[[], HybridLookupAdapter], steps: Sequence[object]) -> Verdicts:
-    """Apply ``steps``; raises :class:`~.verdicts.RuleViolation` on a failure."""
-    factory = load_hybrid_engine(engine) if isinstance(engine, str) else engine
-    return replay_steps(HybridDriver, factory, hybrid_verdicts(None, None), steps)
-
-
-_TEMPLATE = '''\
-"""kvoracle counterexample: {rule_id} on engine {engine!r} (hybrid lookup suite).
-
-{message}
-
-Generated by `kvoracle check --suite hybrid`; run with `pytest {filename}`. The test
-fails while the engine still violates the rule, and passes once it is fixed.
-"""
-
-from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, Seed, replay_hybrid
-
-ENGINE = {engine!r}
-STEPS = [
-{steps}
-]
-
-
-def test_{test_name}():
-    replay_hybrid(ENGINE, STEPS)
-'''
-
-
-def write_hybrid_replay(directory: Path, engine_spec: str, example: Counterexample) -> Path:
-    """Write ``example`` as ``test_hybrid_<rule>_<engine>.py`` under ``directory``."""
-    from .replay import write_replay  # lazily, like hybrid_suite: replay imports the lockstep driver
-
-    return write_replay(directory, engine_spec, example, template=_TEMPLATE, prefix="hybrid_")
-
-
-def hybrid_suite():
-    """The runner's description of this suite (imported lazily: runner imports the lockstep machine)."""
-    from .runner import Suite
-    return Suite(load=load_hybrid_engine, make_verdicts=hybrid_verdicts, make_machine=make_hybrid_machine,
-                 write_replay=write_hybrid_replay)
+#: The hybrid lookup suite, registered with the harness.
+HYBRID = register_suite(SuiteDef(
+    name="hybrid",
+    title="the hybrid cache-hit lookup over several KV-cache groups",
+    operations=("configure", "seed_cache", "lookup"),
+    returns={"lookup": returns.attributes(Lookup, block_ids=returns.block_id_groups,
+                                          num_tokens=returns.integer)},
+    driver=HybridDriver, machine=HybridLookupMachine, module=__name__,
+    step_names=("HybridSetup", "LookUp", "Seed"),
+    engines={"reference": f"{__name__}:ReferenceHybridLookup",
+             "vllm": "kvoracle.conformance.engines.vllm_hybrid:VllmHybridLookup"}))

@@ -13,7 +13,7 @@ from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import lifecycle
 
 from .adapter import EngineConfig, Observation
-from .verdicts import Verdicts
+from .harness.verdicts import Verdicts
 
 
 def check_all(verdicts: Verdicts, config: EngineConfig, observation: Observation) -> None:

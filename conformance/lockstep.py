@@ -16,21 +16,14 @@ failing one raises :class:`~.verdicts.RuleViolation` carrying the steps so far.
 
 from __future__ import annotations
 
-import concurrent.futures
-import queue
-import re
-import threading
-from collections.abc import Callable
-from typing import Any
-
-import attrs
-
 from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import lifecycle
 
 from . import invariants
-from .adapter import EngineAdapter, EngineConfig, EngineError, Lookup, Observation
+from .adapter import EngineConfig, Lookup, Observation
 from .engines.reference import ReferenceEngine
+from .harness.calls import RAISED, EngineError
+from .harness.driver import Driver
 from .steps import (
     AddRequest,
     AppendTokens,
@@ -43,179 +36,26 @@ from .steps import (
     Probe,
     ResetPrefixCache,
     Schedule,
-    Step,
 )
-from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
-
-
-@attrs.define
-class Quarantine:
-    """Operations kvoracle stops calling during a run, and why.
-
-    A hung operation is quarantined at once -- every later call fails fast with the
-    same error, so nothing waits for the timeout twice. An operation that raised is
-    quarantined from the next round on, so that Hypothesis can still shrink the
-    failure it found (its replays must meet the same engine).
-    """
-
-    hung: dict[str, str] = attrs.Factory(dict)
-    raised: dict[str, str] = attrs.Factory(dict)
-
-    def blocked(self) -> frozenset[str]:
-        return frozenset(self.hung) | frozenset(self.raised)
-
-
-class _Worker:
-    """One daemon thread running engine calls, so an abandoned hung call cannot keep the
-    process alive at exit (``ThreadPoolExecutor`` joins its threads at exit)."""
-
-    def __init__(self) -> None:
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        threading.Thread(target=self._run, name="kvoracle-engine", daemon=True).start()
-
-    def _run(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            future, function, args, kwargs = job
-            try:
-                future.set_result(function(*args, **kwargs))
-            except BaseException as error:
-                future.set_exception(error)
-
-    def submit(self, function: Callable[..., Any], *args: Any, **kwargs: Any
-               ) -> concurrent.futures.Future:
-        future: concurrent.futures.Future = concurrent.futures.Future()
-        self._jobs.put((future, function, args, kwargs))
-        return future
-
-    def stop(self) -> None:
-        self._jobs.put(None)
-
-
-class EngineCaller:
-    """Calls the engine under test, turning exceptions and hangs into :class:`EngineError`.
-
-    With a timeout, each call runs on a worker thread; a call that does not
-    return in time is abandoned (Python cannot kill a thread) and reported as a
-    hang, and the operation is quarantined for the rest of the run.
-    """
-
-    def __init__(self, engine: EngineAdapter, timeout: float | None,
-                 quarantine: Quarantine) -> None:
-        self.engine = engine
-        self.timeout = timeout
-        self.quarantine = quarantine
-        self._worker = _Worker() if timeout else None
-
-    def __call__(self, operation: str, *args: Any, **kwargs: Any) -> Any:
-        if operation in self.quarantine.hung:
-            raise EngineError(operation, self.quarantine.hung[operation] + " (quarantined)",
-                              hung=True)
-        function = getattr(self.engine, operation)
-        if self._worker is None:
-            try:
-                return function(*args, **kwargs)
-            except Exception as error:
-                raise EngineError(operation, f"{type(error).__name__}: {error}") from error
-        future = self._worker.submit(function, *args, **kwargs)
-        try:
-            return future.result(self.timeout)
-        except concurrent.futures.TimeoutError:
-            detail = f"no answer within {self.timeout:g} s"
-            self.quarantine.hung[operation] = detail
-            self._worker = _Worker()  # the old one is stuck in the engine; leave it
-            raise EngineError(operation, detail, hung=True) from None
-        except Exception as error:
-            raise EngineError(operation, f"{type(error).__name__}: {error}") from error
-
-    def close(self) -> None:
-        if self._worker is not None:
-            self._worker.stop()
-
-
-RULE_ID_IN_TEXT = re.compile(r"\bKV-[A-Z]+-\d{3}\b")
 
 
 def _diff(label: str, expected: object, actual: object) -> str:
     return f"{label}: reference {expected!r}, engine {actual!r}"
 
 
-class LockstepDriver:
-    """Drives ``engine`` and kvoracle's reference through the same steps."""
+class LockstepDriver(Driver):
+    """Drives an engine and kvoracle's reference through the same steps."""
 
-    def __init__(self, engine_factory: Callable[[], EngineAdapter], verdicts: Verdicts,
-                 step_timeout: float | None = 10.0, quarantine: Quarantine | None = None) -> None:
-        self.verdicts = verdicts
-        self.engine = engine_factory()
-        self.capabilities = verdicts.capabilities
+    suite_name = "lockstep"
+    fault_rule = "KV-LIFE-016"
+
+    def prepare(self) -> None:
+        self.capabilities = self.verdicts.capabilities
         self.model = ReferenceEngine(common_prefix=self.capabilities.common_prefix)
-        #: Shared across the examples of a run.
-        self.quarantine = quarantine if quarantine is not None else Quarantine()
-        self.call = EngineCaller(self.engine, step_timeout, self.quarantine)
-        self.steps: list[Step] = []
         self.config: EngineConfig | None = None
-        #: Set when the engine failed in a rule already reported: later steps are skipped.
-        self.dead = False
         self._engine_hash: dict[object, bytes] = {}
         self._kv_hash: dict[bytes, object] = {}
         self._hash_salt: dict[bytes, str | None] = {}
-
-    # -- the entry point -----------------------------------------------------------------
-    def apply(self, step: Step) -> None:
-        if self.dead:
-            return
-        self.steps.append(step)
-        try:
-            handler = getattr(self, "_" + type(step).__name__)
-            handler(step)
-            return
-        except KnownFailure:
-            self.dead = True
-            return
-        except RuleViolation as failed:
-            found: RuleViolation = failed
-        except EngineError as error:
-            found = self._engine_failure(step, error)
-        # Raised outside the handlers, so the failure carries no exception context: Hypothesis
-        # tells failures apart by type, origin and context.
-        found.steps = list(self.steps)
-        self.verdicts.first_seen.setdefault(
-            found.rule_id, (found.message, found.steps, found.is_engine_error))
-        if found.rule_id in self.verdicts.suppressed:
-            self.dead = True
-            return
-        if found.is_engine_error and found.hung:
-            # A hang is recorded as it is, never shrunk: every replay would wait again.
-            self.verdicts.record(Counterexample(found.rule_id, found.message, found.steps,
-                                                engine_error=True))
-            self.dead = True
-            return
-        raise found
-
-    def _engine_failure(self, step: Step, error: EngineError) -> RuleViolation:
-        """Charge an engine error to a rule.
-
-        An engine that checks itself (e.g. one built on kvoracle's reference) may name the
-        rule it broke; otherwise the step's primary rule is charged, and an operation that
-        raised for no stated reason is not called again from the next round on.
-        """
-        self.dead = True
-        named = RULE_ID_IN_TEXT.search(error.detail)
-        if named and named.group(0) in self.verdicts.outcomes:
-            rule_id = named.group(0)
-        else:
-            rule_id = step.primary_rule
-            if not error.hung:
-                self.quarantine.raised.setdefault(error.operation, error.detail)
-        failure = violation(rule_id, str(error))
-        failure.is_engine_error = True
-        failure.hung = error.hung
-        return failure
-
-    def close(self) -> None:
-        self.call.close()
 
     # -- observation ---------------------------------------------------------------------
     def _observe(self) -> tuple[Observation, Observation]:
@@ -259,6 +99,7 @@ class LockstepDriver:
     def _Configure(self, step: Configure) -> None:
         self.config = step.config
         self.model.configure(step.config)
+        self.new_engine()
         self.call("configure", step.config)
         self._engine_hash.clear()
         self._kv_hash.clear()
@@ -368,11 +209,12 @@ class LockstepDriver:
             pass
         else:  # pragma: no cover - the reference always rejects it
             raise AssertionError("the reference accepted an empty allocation")
-        try:
-            result = self.call("allocate", step.request_id, 0, 0)
+        self.caller.trail.operation("allocate", "KV-LIFE-013")
+        try:  # raising is the right answer here: called past Driver.call, which would charge it
+            result = self.caller(self.engine, "allocate", step.request_id, 0, 0)
         except EngineError as error:
-            if error.hung:
-                raise
+            if error.kind != RAISED:
+                raise self._charge(error, "KV-LIFE-013") from None
             rejected = True
         else:
             rejected = False

@@ -8,6 +8,8 @@ it. Third parties can use the machine directly in their own test suites::
     from kvoracle.conformance.machine import make_machine
     TestMyEngine = make_machine(MyEngineAdapter).TestCase
 
+This module also registers the suite (``lockstep``) with the harness.
+
 Generated configurations vary the pool size, block size, ``max_model_len``,
 prefix caching and EAGLE; request prompts are cut from earlier requests'
 tokens (often at block boundaries) plus a few fresh tokens from a tiny
@@ -19,14 +21,15 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable
 
-from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
+from hypothesis.stateful import initialize, precondition, rule
 
 from kvoracle.reference import ManagerConfig
 
-from .adapter import Capabilities, EngineAdapter
-from .lockstep import LockstepDriver, Quarantine
+from .adapter import RETURNS, Capabilities, EngineAdapter
+from .harness.machine import SuiteMachine, machine_for
+from .harness.suites import SuiteDef, register_suite
+from .lockstep import LockstepDriver
 from .steps import (
     AddRequest,
     AppendTokens,
@@ -40,7 +43,6 @@ from .steps import (
     ResetPrefixCache,
     Schedule,
 )
-from .verdicts import Verdicts, lockstep_verdicts
 
 #: Tokens come from a tiny alphabet so that independent requests collide.
 TOKENS = st.integers(min_value=0, max_value=3)
@@ -64,33 +66,24 @@ def manager_configs(draw: st.DrawFn, allow_caching_off: bool = True,
                          use_eagle=use_eagle)
 
 
-class LockstepMachine(RuleBasedStateMachine):
-    """Base machine; :func:`make_machine` binds it to an engine and a verdict collector."""
+class LockstepMachine(SuiteMachine):
+    """Chooses the lockstep suite's steps from the reference's state."""
 
-    engine_factory: Callable[[], EngineAdapter]
-    verdicts: Verdicts
-    quarantine: Quarantine
-    round_quarantine: frozenset[str] = frozenset()
-    step_timeout: float | None = 10.0
-    on_example: Callable[[], None] | None = None
+    driver: LockstepDriver
 
     def __init__(self) -> None:
         super().__init__()
-        self.driver: LockstepDriver | None = None
         self.ids = itertools.count()
         #: The last eight freed requests as (tokens, cache salt, block hashes), newest first.
         self.freed: list[tuple[tuple[int, ...], str | None, tuple[bytes, ...]]] = []
-        if self.on_example is not None:
-            self.on_example()
 
     # -- model state the rules choose from -----------------------------------------------
     @property
     def model(self):  # the reference adapter inside the driver
-        assert self.driver is not None
         return self.driver.model
 
     def _config(self) -> ManagerConfig:
-        assert self.driver is not None and self.driver.config is not None
+        assert self.driver.config is not None
         return self.driver.config
 
     def _held(self) -> set[str]:
@@ -105,10 +98,7 @@ class LockstepMachine(RuleBasedStateMachine):
         return sorted(rid for rid in self.model.requests if rid in held)
 
     def _can(self, operation: str) -> bool:
-        # Preconditions read the quarantine as it was when the round began: changing rule
-        # availability in the middle of a Hypothesis run would make its replays inconsistent.
-        return (self.driver is not None and not self.driver.dead
-                and operation not in self.round_quarantine)
+        return self.driver.config is not None and self.can(operation)
 
     # -- rules ---------------------------------------------------------------------------
     @property
@@ -120,8 +110,6 @@ class LockstepMachine(RuleBasedStateMachine):
     def configure(self, data: st.DataObject) -> None:
         config = data.draw(manager_configs(allow_caching_off=self.caps.caching_off,
                                            allow_eagle=self.caps.eagle), label="config")
-        self.driver = LockstepDriver(type(self).engine_factory, self.verdicts,
-                                     self.step_timeout, self.quarantine)
         self.driver.apply(Configure(config))
 
     @precondition(lambda self: self._can("add_request") and len(self.model.requests)
@@ -354,35 +342,31 @@ class LockstepMachine(RuleBasedStateMachine):
                         label="block ids")
         self.driver.apply(Evict(tuple(ids)))
 
-    @precondition(lambda self: self.driver is not None and (self.driver.dead or self.round_quarantine))
+    @precondition(lambda self: self.driver.dead or self.round_quarantine)
     @rule()
     def observe(self) -> None:
         # Available once the engine is dead or an operation is quarantined, so that a run can
         # always make progress; otherwise every step already observes.
         self.driver.apply(Observe())
 
-    def teardown(self) -> None:
-        if self.driver is not None:
-            self.driver.close()
 
 
-def make_machine(engine_factory: Callable[[], EngineAdapter], verdicts: Verdicts | None = None,
-                 quarantine: Quarantine | None = None, step_timeout: float | None = 10.0,
-                 on_example: Callable[[], None] | None = None,
+#: The lockstep suite, registered with the harness.
+LOCKSTEP = register_suite(SuiteDef(
+    name="lockstep",
+    title="the whole single-group manager against the reference, step by step",
+    operations=("configure", "add_request", "lookup", "allocate", "advance", "append_tokens", "free",
+                "evict", "reset_prefix_cache", "common_prefix_blocks", "observe"),
+    returns=RETURNS, driver=LockstepDriver, machine=LockstepMachine, module=__name__,
+    step_names=("AddRequest", "AppendTokens", "CommonPrefix", "Configure", "EmptyAllocation", "Evict",
+                "Free", "ManagerConfig", "Observe", "Probe", "ResetPrefixCache", "Schedule"),
+    engines={"reference": "kvoracle.conformance.engines.reference:ReferenceEngine",
+             "vllm": "kvoracle.conformance.engines.vllm:VllmEngine",
+             "gpu": "kvoracle.conformance.engines.gpu:GpuEngine"}))
+
+
+def make_machine(engine_factory: Callable[[], EngineAdapter], step_timeout: float | None = 10.0,
                  max_examples: int = 100, step_count: int = 40) -> type[LockstepMachine]:
-    """A machine class bound to one engine (``engine_factory()`` builds a fresh adapter)."""
-    if verdicts is None:
-        verdicts = lockstep_verdicts(engine_factory().capabilities())
-    machine = type(f"Lockstep_{getattr(engine_factory, '__name__', 'engine')}",
-                   (LockstepMachine,), {
-                       "engine_factory": staticmethod(engine_factory),
-                       "verdicts": verdicts,
-                       "quarantine": quarantine if quarantine is not None else Quarantine(),
-                       "round_quarantine": quarantine.blocked() if quarantine else frozenset(),
-                       "step_timeout": step_timeout,
-                       "on_example": staticmethod(on_example) if on_example else None,
-                   })
-    machine.TestCase.settings = settings(
-        max_examples=max_examples, stateful_step_count=step_count, deadline=None,
-        database=None, suppress_health_check=list(HealthCheck))
-    return machine
+    """The lockstep machine bound to one engine (``engine_factory()`` builds a fresh adapter), for
+    use in an engine's own test suite: ``make_machine(MyAdapter).TestCase``."""
+    return machine_for(LOCKSTEP, engine_factory, step_timeout, max_examples, step_count)  # type: ignore[return-value]

@@ -54,6 +54,7 @@ KV_POOL_001 = rule(
     never put back, so it is never handed out by an allocation.""",
     source=f"{POOL} BlockPool.__init__ (null_block = free_block_queue.popleft())",
     chapter=CHAPTER,
+    judged_by=("lockstep",),
 )
 KV_POOL_002 = rule(
     "KV-POOL-002",
@@ -62,6 +63,8 @@ KV_POOL_002 = rule(
     and never freed: touch and free skip it.""",
     source=f"{POOL} BlockPool.touch, free_blocks, cache_full_blocks (skip is_null)",
     chapter=CHAPTER,
+    needs=("ref_counts",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_003 = rule(
     "KV-POOL-003",
@@ -69,6 +72,8 @@ KV_POOL_003 = rule(
     "A new pool's free queue holds blocks 1, 2, ..., num_blocks - 1 in that order.",
     source=f"{UTILS} FreeKVCacheBlockQueue.__init__",
     chapter=CHAPTER,
+    needs=("exact_block_ids", "free_queue"),
+    judged_by=("lockstep",),
 )
 KV_POOL_004 = rule(
     "KV-POOL-004",
@@ -77,6 +82,8 @@ KV_POOL_004 = rule(
     each with reference count 1. Asking for more blocks than are free is an error.""",
     source=f"{POOL} BlockPool.get_new_blocks; {UTILS} FreeKVCacheBlockQueue.popleft_n",
     chapter=CHAPTER,
+    needs=("exact_block_ids",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_005 = rule(
     "KV-POOL-005",
@@ -85,6 +92,8 @@ KV_POOL_005 = rule(
     the key no longer maps to it and the block has no hash.""",
     source=f"{POOL} BlockPool.get_new_blocks / _maybe_evict_cached_block",
     chapter=CHAPTER,
+    needs=("exact_block_ids", "cache_map"),
+    judged_by=("lockstep",),
 )
 KV_POOL_006 = rule(
     "KV-POOL-006",
@@ -94,6 +103,8 @@ KV_POOL_006 = rule(
     caching is off), prepended to the free queue, and those with one, appended.""",
     source=f"{POOL} BlockPool.free_blocks",
     chapter=CHAPTER,
+    needs=("exact_block_ids", "free_queue"),
+    judged_by=("lockstep",),
 )
 KV_POOL_007 = rule(
     "KV-POOL-007",
@@ -102,6 +113,8 @@ KV_POOL_007 = rule(
     blocks dropped), so its tail blocks are evicted before its head blocks.""",
     source="vllm/v1/core/single_type_kv_cache_manager.py SingleTypeKVCacheManager.free",
     chapter=CHAPTER,
+    needs=("exact_block_ids", "free_queue"),
+    judged_by=("lockstep",),
 )
 KV_POOL_008 = rule(
     "KV-POOL-008",
@@ -110,6 +123,8 @@ KV_POOL_008 = rule(
     the free queue (the rest of the queue keeps its order). The null block is skipped.""",
     source=f"{POOL} BlockPool.touch",
     chapter=CHAPTER,
+    needs=("free_queue", "ref_counts"),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_009 = rule(
     "KV-POOL-009",
@@ -119,6 +134,8 @@ KV_POOL_009 = rule(
     still under the key.""",
     source=f"{POOL} BlockHashToBlockMap (NOTE #1, get_one_block)",
     chapter=CHAPTER,
+    needs=("exact_block_ids", "cache_map"),
+    judged_by=("lockstep",),
 )
 KV_POOL_010 = rule(
     "KV-POOL-010",
@@ -127,6 +144,8 @@ KV_POOL_010 = rule(
     a referenced block is never handed out by an allocation.""",
     source=f"{POOL} BlockPool.get_new_blocks (assert ref_cnt == 0), touch, free_blocks",
     chapter=CHAPTER,
+    needs=("free_queue", "ref_counts"),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_011 = rule(
     "KV-POOL-011",
@@ -136,6 +155,8 @@ KV_POOL_011 = rule(
     source="vllm/v1/core/single_type_kv_cache_manager.py add_local_computed_blocks "
     "(touch paired with table append), free",
     chapter=CHAPTER,
+    needs=("ref_counts",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_012 = rule(
     "KV-POOL-012",
@@ -144,6 +165,7 @@ KV_POOL_012 = rule(
     1 - free / (num_blocks - 1).""",
     source=f"{POOL} BlockPool.get_num_free_blocks, get_usage",
     chapter=CHAPTER,
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_013 = rule(
     "KV-POOL-013",
@@ -152,6 +174,8 @@ KV_POOL_013 = rule(
     block tables and the free queue are unchanged. Every id must be < num_blocks.""",
     source=f"{POOL} BlockPool.evict_blocks",
     chapter=CHAPTER,
+    needs=("evict", "cache_map"),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_014 = rule(
     "KV-POOL-014",
@@ -160,6 +184,8 @@ KV_POOL_014 = rule(
     block is free; otherwise it returns False and changes nothing.""",
     source=f"{POOL} BlockPool.reset_prefix_cache",
     chapter=CHAPTER,
+    needs=("reset",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_POOL_015 = rule(
     "KV-POOL-015",
@@ -169,6 +195,8 @@ KV_POOL_015 = rule(
     never listed.""",
     source=f"{POOL} _insert_block_hash, _remove_cached_block_hashes",
     chapter=CHAPTER,
+    needs=("cache_map",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 
 

@@ -31,7 +31,7 @@ from __future__ import annotations
 import icontract
 
 from .contracts import ENABLED
-from .registry import defines, rule
+from .registry import INPUT_VALIDATION, defines, rule
 
 CHAPTER = "chunked_local"
 STKV = "vllm/v1/core/single_type_kv_cache_manager.py"
@@ -44,6 +44,7 @@ KV_CHUNK_001 = rule(
     start // block_size, up to max_length // block_size blocks in all.""",
     source=f"{STKV} ChunkedLocalAttentionManager.find_longest_cache_hit",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_CHUNK_002 = rule(
     "KV-CHUNK-002",
@@ -61,6 +62,7 @@ KV_CHUNK_003 = rule(
     source=f"{STKV} ChunkedLocalAttentionManager.find_longest_cache_hit (asserts)",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import icontract
 
 from .contracts import ENABLED
-from .registry import defines, rule
+from .registry import INPUT_VALIDATION, defines, rule
 
 CHAPTER = "config"
 
@@ -31,6 +31,7 @@ KV_CFG_001 = rule(
     "pops block 0 as the null block)",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_CFG_002 = rule(
     "KV-CFG-002",
@@ -39,6 +40,7 @@ KV_CFG_002 = rule(
     source="vllm/v1/kv_cache_interface.py KVCacheSpec.block_size",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_CFG_003 = rule(
     "KV-CFG-003",
@@ -47,6 +49,7 @@ KV_CFG_003 = rule(
     source="vllm/v1/core/kv_cache_manager.py KVCacheManager.__init__",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_CFG_004 = rule(
     "KV-CFG-004",
@@ -58,6 +61,7 @@ KV_CFG_004 = rule(
     "kv_cache_utils.py BlockHashListWithBlockSize",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_CFG_005 = rule(
     "KV-CFG-005",
@@ -67,6 +71,7 @@ KV_CFG_005 = rule(
     source="vllm/v1/core/kv_cache_manager.py KVCacheManager.allocate_slots",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 
 

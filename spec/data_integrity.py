@@ -83,6 +83,8 @@ KV_DATA_001 = rule(
     (same token, position, prefix and salt).""",
     source=f"vllm/v1/core/kv_cache_manager.py get_computed_blocks; {RUNNER}",
     chapter=CHAPTER,
+    needs=("kv_data",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_DATA_002 = rule(
     "KV-DATA-002",
@@ -92,6 +94,8 @@ KV_DATA_002 = rule(
     the caching step scheduled.""",
     source=f"{POOL} BlockPool.cache_full_blocks (num_full_blocks from num_tokens_to_cache)",
     chapter=CHAPTER,
+    needs=("kv_data",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_DATA_003 = rule(
     "KV-DATA-003",
@@ -101,6 +105,8 @@ KV_DATA_003 = rule(
     with a non-zero reference count is never handed out, KV-POOL-010.)""",
     source=f"{POOL} BlockPool.get_new_blocks (assert ref_cnt == 0), is_block_writable",
     chapter=CHAPTER,
+    needs=("kv_data",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_DATA_004 = rule(
     "KV-DATA-004",
@@ -110,6 +116,8 @@ KV_DATA_004 = rule(
     written (KV-POOL-005).""",
     source=f"{POOL} BlockPool.get_new_blocks / _maybe_evict_cached_block",
     chapter=CHAPTER,
+    needs=("kv_data", "cache_map"),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 KV_DATA_005 = rule(
     "KV-DATA-005",
@@ -118,6 +126,8 @@ KV_DATA_005 = rule(
     block, so every null-block slot stays unwritten.""",
     source=f"{POOL} BlockPool.__init__ (null_block); {RUNNER}",
     chapter=CHAPTER,
+    needs=("kv_data",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 
 KV_DATA_006 = rule(
@@ -132,6 +142,8 @@ KV_DATA_006 = rule(
            "ChunkedLocalAttentionManager (get_num_skipped_tokens, remove_skipped_blocks, "
            "find_longest_cache_hit)",
     chapter=CHAPTER,
+    needs=("kv_data",),
+    judged_by=("lockstep", "hybrid-lifecycle"),
 )
 
 #: Kinds of group holding one slot of KV per token of the request: the store writes and

@@ -92,6 +92,7 @@ KV_EXT_001 = rule(
     source=f"{STORE} MooncakeStoreCoordinator._find_hit_blocks (mirror of "
            "HybridKVCacheCoordinator.find_longest_cache_hit); ExternalCachedBlockPool.get_cached_block",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_002 = rule(
     "KV-EXT-002",
@@ -103,6 +104,7 @@ KV_EXT_002 = rule(
     source=f"{STORE} MooncakeStoreCoordinator.find_longest_cache_hit (masks); "
            "vLLM PR #50359 (exact partial-hash hit boundaries)",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_003 = rule(
     "KV-EXT-003",
@@ -114,6 +116,7 @@ KV_EXT_003 = rule(
     that answered L.""",
     source=f"{STORE} MooncakeStoreCoordinator.find_longest_cache_hit / load_mask",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_004 = rule(
     "KV-EXT-004",
@@ -124,6 +127,7 @@ KV_EXT_004 = rule(
     the EAGLE block again would leave the hit's last block unloaded (vLLM PR #43516).""",
     source=f"{STORE} MooncakeStoreCoordinator.load_mask (apply_eagle=False)",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_005 = rule(
     "KV-EXT-005",
@@ -136,6 +140,7 @@ KV_EXT_005 = rule(
     source=f"{STORE} MooncakeStoreCoordinator.store_mask / _reachable_masks; "
            f"{STKV} SlidingWindowManager.reachable_block_mask",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_006 = rule(
     "KV-EXT-006",
@@ -148,6 +153,7 @@ KV_EXT_006 = rule(
     source=f"{STORE} MooncakeStoreCoordinator.store_mask (docstring: so a future cache hit can "
            "consume it)",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_007 = rule(
     "KV-EXT-007",
@@ -157,6 +163,7 @@ KV_EXT_007 = rule(
     window. (vLLM 0.33.0 has lookup_mask; the seed coordinator did not.)""",
     source=f"{STORE} MooncakeStoreCoordinator.lookup_mask",
     chapter=CHAPTER,
+    judged_by=("external-store",),
 )
 KV_EXT_008 = rule(
     "KV-EXT-008",
@@ -170,6 +177,7 @@ KV_EXT_008 = rule(
     source=f"{STORE} MooncakeStoreCoordinator.store_mask (exclude_mamba=True)",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 KV_EXT_009 = rule(
     "KV-EXT-009",
@@ -215,6 +223,7 @@ KV_EXT_011 = rule(
            f"{STORE} MooncakeStoreCoordinator.store_mask",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 KV_EXT_012 = rule(
     "KV-EXT-012",
@@ -230,6 +239,7 @@ KV_EXT_012 = rule(
            f"{STORE} MooncakeStoreCoordinator.store_mask",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 KV_EXT_013 = rule(
     "KV-EXT-013",

@@ -40,6 +40,7 @@ KV_FULL_001 = rule(
     cache keys are all cached, examining at most max_length // block_size blocks.""",
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit (phase 1)",
     chapter=CHAPTER,
+    judged_by=("lockstep",),
 )
 KV_FULL_002 = rule(
     "KV-FULL-002",
@@ -48,6 +49,8 @@ KV_FULL_002 = rule(
     under the key, KV-POOL-009).""",
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit; block_pool.py get_cached_block",
     chapter=CHAPTER,
+    needs=("exact_block_ids",),
+    judged_by=("lockstep", "hybrid", "hybrid-lifecycle"),
 )
 KV_FULL_003 = rule(
     "KV-FULL-003",
@@ -56,6 +59,8 @@ KV_FULL_003 = rule(
     an empty hit stays empty.""",
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit (drop_eagle_block)",
     chapter=CHAPTER,
+    needs=("eagle",),
+    judged_by=("lockstep",),
 )
 KV_FULL_004 = rule(
     "KV-FULL-004",
@@ -64,6 +69,7 @@ KV_FULL_004 = rule(
     at most max_length, and equals the number of hit blocks times the block size.""",
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit (round down, trim)",
     chapter=CHAPTER,
+    judged_by=("lockstep",),
 )
 KV_FULL_005 = rule(
     "KV-FULL-005",
@@ -72,6 +78,7 @@ KV_FULL_005 = rule(
     never shortens it.""",
     source="consequence of KV-FULL-001",
     chapter=CHAPTER,
+    judged_by=("lockstep",),
 )
 
 

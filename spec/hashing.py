@@ -50,6 +50,8 @@ KV_HASH_001 = rule(
     the hash of block i-1, and NONE_HASH (a fixed seed) for block 0.""",
     source=f"{VLLM_UTILS} hash_block_tokens, init_none_hash, get_request_block_hasher",
     chapter=CHAPTER,
+    needs=("request_hashes",),
+    judged_by=("lockstep",),
 )
 KV_HASH_002 = rule(
     "KV-HASH-002",
@@ -58,6 +60,8 @@ KV_HASH_002 = rule(
     partially filled block has none.""",
     source=f"{VLLM_UTILS} get_request_block_hasher (\"We only hash full blocks\")",
     chapter=CHAPTER,
+    needs=("request_hashes",),
+    judged_by=("lockstep",),
 )
 KV_HASH_003 = rule(
     "KV-HASH-003",
@@ -66,6 +70,8 @@ KV_HASH_003 = rule(
     every earlier hash stays the same.""",
     source="vllm/v1/request.py Request.append_output_token_ids / update_block_hashes",
     chapter=CHAPTER,
+    needs=("request_hashes",),
+    judged_by=("lockstep",),
 )
 KV_HASH_004 = rule(
     "KV-HASH-004",
@@ -74,6 +80,8 @@ KV_HASH_004 = rule(
     equal and their extra keys for blocks 0..i are equal.""",
     source=f"{VLLM_UTILS} hash_block_tokens (parent hash is part of the hashed tuple)",
     chapter=CHAPTER,
+    needs=("request_hashes",),
+    judged_by=("lockstep",),
 )
 KV_HASH_005 = rule(
     "KV-HASH-005",
@@ -82,6 +90,8 @@ KV_HASH_005 = rule(
     hashes in different groups are different keys.""",
     source=f"{VLLM_UTILS} make_block_hash_with_group_id; block_pool.py get_cached_block",
     chapter=CHAPTER,
+    needs=("cache_map",),
+    judged_by=("lockstep",),
 )
 KV_HASH_006 = rule(
     "KV-HASH-006",
@@ -90,6 +100,7 @@ KV_HASH_006 = rule(
     unit (j+1)*k - 1 and the view has len(hashes) // k entries.""",
     source=f"{VLLM_UTILS} BlockHashListWithBlockSize",
     chapter=CHAPTER,
+    needs=("hash_block_views",),
 )
 KV_HASH_007 = rule(
     "KV-HASH-007",
@@ -101,6 +112,8 @@ KV_HASH_007 = rule(
     source=f"{VLLM_UTILS} generate_block_hash_extra_keys (salt only when start_token_idx == 0 "
     "and the salt is truthy), _gen_lora_extra_hash_keys",
     chapter=CHAPTER,
+    needs=("request_hashes", "cache_salt"),
+    judged_by=("lockstep",),
 )
 
 #: The parent of block 0: a fixed seed, so independent processes agree on hashes.

@@ -61,7 +61,7 @@ import icontract
 from . import chunked_local, mamba, sliding_window
 from .contracts import ENABLED
 from .full_attention import aligned_hit_length as full_hit_length
-from .registry import defines, rule
+from .registry import INPUT_VALIDATION, defines, rule
 
 CHAPTER = "hybrid"
 COORD = "vllm/v1/core/kv_cache_coordinator.py"
@@ -86,6 +86,7 @@ KV_HYB_001 = rule(
            "vllm/v1/core/kv_cache_utils.py resolve_kv_cache_block_sizes",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_HYB_002 = rule(
     "KV-HYB-002",
@@ -96,6 +97,7 @@ KV_HYB_002 = rule(
     source=f"{COORD} HybridKVCacheCoordinator.verify_and_split_kv_cache_groups; "
            "vllm/v1/core/block_pool.py BlockPool.get_cached_block",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_HYB_003 = rule(
     "KV-HYB-003",
@@ -106,6 +108,7 @@ KV_HYB_003 = rule(
     engine answer.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (docstring: fixed point)",
     chapter=CHAPTER,
+    judged_by=("hybrid", "hybrid-lifecycle"),
 )
 KV_HYB_004 = rule(
     "KV-HYB-004",
@@ -114,6 +117,7 @@ KV_HYB_004 = rule(
     so the candidate never increases; a pass that does not shrink it ends the loop.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (while loop)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_HYB_005 = rule(
     "KV-HYB-005",
@@ -123,6 +127,7 @@ KV_HYB_005 = rule(
     shorter aligned length.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (is_simple_hybrid)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_HYB_006 = rule(
     "KV-HYB-006",
@@ -131,6 +136,7 @@ KV_HYB_006 = rule(
     first) are cut to cdiv(hit_length, block_size) blocks.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (truncate every full group)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_HYB_007 = rule(
     "KV-HYB-007",
@@ -141,6 +147,7 @@ KV_HYB_007 = rule(
     bounded the look-ahead by max_cache_hit_length; vLLM 0.33.0 by the hashed tokens.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified, eagle_margin)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_HYB_008 = rule(
     "KV-HYB-008",
@@ -161,6 +168,7 @@ KV_HYB_009 = rule(
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified.clear())",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("hybrid",),
 )
 KV_HYB_010 = rule(
     "KV-HYB-010",
@@ -170,6 +178,7 @@ KV_HYB_010 = rule(
     tokens, when that rounded length is positive.""",
     source=f"{COORD} HybridKVCacheCoordinator.get_num_cacheable_tokens; KVCacheCoordinator.cache_blocks",
     chapter=CHAPTER,
+    judged_by=("hybrid-lifecycle",),
 )
 KV_HYB_011 = rule(
     "KV-HYB-011",
@@ -187,6 +196,7 @@ KV_HYB_012 = rule(
     if the sum exceeds the free blocks.""",
     source=f"{COORD} KVCacheCoordinator.get_num_blocks_to_allocate",
     chapter=CHAPTER,
+    judged_by=("hybrid-lifecycle",),
 )
 KV_HYB_013 = rule(
     "KV-HYB-013",
@@ -196,6 +206,7 @@ KV_HYB_013 = rule(
     block. The null block is never freed, touched or counted (KV-POOL-002).""",
     source="vllm/v1/core/single_type_kv_cache_manager.py (per-type find_longest_cache_hit)",
     chapter=CHAPTER,
+    judged_by=("hybrid", "hybrid-lifecycle"),
 )
 
 KV_HYB_014 = rule(
@@ -207,6 +218,7 @@ KV_HYB_014 = rule(
     are cached, an EAGLE hit is then one block shorter than the hybrid loop would answer.""",
     source=f"{COORD} UnitaryKVCacheCoordinator.find_longest_cache_hit",
     chapter=CHAPTER,
+    judged_by=("hybrid-lifecycle",),
 )
 
 
@@ -236,6 +248,16 @@ def _is_full(kind: str) -> bool:
 def lookup_order(kinds: tuple[str, ...]) -> tuple[int, ...]:
     """The order in which spec groups are consulted: full attention first, stable."""
     return tuple(sorted(range(len(kinds)), key=lambda i: not _is_full(kinds[i])))
+
+
+@icontract.require(lambda kinds: all(kind in LOOKUP_KINDS for kind in kinds), enabled=ENABLED)
+@icontract.ensure(lambda result, kinds: not result or (len(kinds) == 2 and FULL in kinds), enabled=ENABLED)
+@icontract.ensure(lambda result, kinds: result or len(kinds) != 2 or FULL not in kinds, enabled=ENABLED)
+@defines(KV_HYB_005)
+def single_pass(kinds: tuple[str, ...]) -> bool:
+    """Whether the loop stops after its first pass: exactly two spec groups, the first one
+    consulted (:func:`lookup_order`) full attention."""
+    return len(kinds) == 2 and _is_full(kinds[lookup_order(kinds)[0]])
 
 
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
@@ -347,7 +369,7 @@ def declarative_hit(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...
 @defines(KV_HYB_002, KV_HYB_004, KV_HYB_005, KV_HYB_006, KV_HYB_007, KV_HYB_008, KV_HYB_009)
 def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
                 max_cache_hit_length: int, num_hashed_tokens: int, alignment: int,
-                ideal: bool = False
+                ideal: bool = False, *, one_pass: bool = True
                 ) -> tuple[int, tuple[int, ...], int, int, tuple[tuple[int, bool], ...]]:
     """vLLM 0.33.0's fixed-point loop over flat arguments.
 
@@ -355,7 +377,10 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
     groups answer the greatest accepted length (no KV-SWA-010) and any shrink of the
     candidate re-arms every other group's EAGLE drop (no KV-HYB-009). The ideal loop
     returns :func:`declarative_hit` exactly when no sliding window is 1 (KV-SWA-003);
-    the tests check both statements.
+    the tests check both statements. With ``one_pass=False`` the loop runs to its fixed
+    point even where KV-HYB-005 stops it after one pass: the answer of a coordinator that
+    misses the shortcut, which differs only with EAGLE and a window of 1 (the hybrid suite
+    names such an answer KV-HYB-005).
 
     ``groups[g]`` describes spec group ``g`` (already merged, KV-HYB-002) and
     ``cached[g]`` which of its blocks are cached in every member group. Returns
@@ -366,7 +391,7 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
     blocks are (KV-HYB-013).
     """
     order = lookup_order(tuple(kind for kind, _, _, _ in groups))
-    simple = len(groups) == 2 and _is_full(groups[order[0]][0])
+    simple = one_pass and single_pass(tuple(kind for kind, _, _, _ in groups))
     hit_length = max_cache_hit_length
     looked_up = [False] * len(groups)
     group_length = [0] * len(groups)

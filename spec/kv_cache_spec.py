@@ -56,7 +56,7 @@ import icontract
 
 from .contracts import ENABLED
 from .lifecycle import cdiv
-from .registry import defines, rule
+from .registry import INPUT_VALIDATION, LAYER_SPEC_GROUPING, LAYER_SPEC_SIZES, defines, rule
 
 CHAPTER = "kv_cache_spec"
 IFACE = "vllm/v1/kv_cache_interface.py"
@@ -71,6 +71,7 @@ KV_SPEC_001 = rule(
     source=f"{IFACE} AttentionSpec.unpadded_page_size_bytes, state_content_size_bytes; "
     "MLAAttentionSpec.head_size_v",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_002 = rule(
     "KV-SPEC-002",
@@ -80,6 +81,7 @@ KV_SPEC_002 = rule(
     source=f"{IFACE} AttentionSpec.page_size_bytes, MambaSpec.page_size_bytes "
     "(assert page_size_padded >= page size)",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_003 = rule(
     "KV-SPEC-003",
@@ -88,6 +90,7 @@ KV_SPEC_003 = rule(
     tensor's shape times its element size in bytes. It does not depend on block_size.""",
     source=f"{IFACE} MambaSpec.page_size_bytes",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_004 = rule(
     "KV-SPEC-004",
@@ -100,6 +103,7 @@ KV_SPEC_004 = rule(
     whose tokens DCP shards (dcp_sharded).""",
     source=f"{IFACE} FullAttentionSpec.max_memory_usage_bytes",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_005 = rule(
     "KV-SPEC-005",
@@ -112,6 +116,7 @@ KV_SPEC_005 = rule(
     source=f"{IFACE} SlidingWindowSpec.max_admission_blocks_per_request; "
     "vllm/config/vllm.py VllmConfig.max_in_flight_tokens",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_006 = rule(
     "KV-SPEC-006",
@@ -121,6 +126,7 @@ KV_SPEC_006 = rule(
     window there is no extra page, since a chunk starts on a chunk boundary.""",
     source=f"{IFACE} ChunkedLocalAttentionSpec.max_admission_blocks_per_request",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_007 = rule(
     "KV-SPEC-007",
@@ -131,6 +137,7 @@ KV_SPEC_007 = rule(
     configuration; kvoracle reads it from the spec, which must agree with it.""",
     source=f"{IFACE} MambaSpec.max_memory_usage_bytes",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_008 = rule(
     "KV-SPEC-008",
@@ -139,6 +146,7 @@ KV_SPEC_008 = rule(
     per request, independent of max_model_len.""",
     source=f"{IFACE} CrossAttentionSpec.max_memory_usage_bytes",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_009 = rule(
     "KV-SPEC-009",
@@ -149,6 +157,7 @@ KV_SPEC_009 = rule(
     summed page.""",
     source=f"{IFACE} UniformTypeKVCacheSpecs.page_size_bytes, max_memory_usage_bytes",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_SIZES,
 )
 KV_SPEC_010 = rule(
     "KV-SPEC-010",
@@ -159,6 +168,7 @@ KV_SPEC_010 = rule(
     Different values are an error.""",
     source=f"{IFACE} FullAttentionSpec.merge_window_sizes",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_011 = rule(
     "KV-SPEC-011",
@@ -168,6 +178,7 @@ KV_SPEC_011 = rule(
     is an error.""",
     source=f"{IFACE} FullAttentionSpec.merge (final assert)",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_012 = rule(
     "KV-SPEC-012",
@@ -179,6 +190,7 @@ KV_SPEC_012 = rule(
     source=f"{IFACE} FullAttentionSpec.merge (assert no MLAAttentionSpec), "
     "MLAAttentionSpec.merge (assert all MLAAttentionSpec)",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_013 = rule(
     "KV-SPEC-013",
@@ -191,6 +203,7 @@ KV_SPEC_013 = rule(
     source=f"{IFACE} FullAttentionSpec.merge, SinkFullAttentionSpec.merge; "
     "vllm/v1/core/kv_cache_planning.py create_kv_cache_group_specs (layer_specs[0].merge)",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_014 = rule(
     "KV-SPEC-014",
@@ -201,6 +214,7 @@ KV_SPEC_014 = rule(
     vLLM 0.33.0 raises AssertionError explicitly.""",
     source=f"{IFACE} KVCacheSpec.merge",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_015 = rule(
     "KV-SPEC-015",
@@ -213,6 +227,7 @@ KV_SPEC_015 = rule(
     source=f"{IFACE} UniformTypeKVCacheSpecs.is_uniform_type, *.is_uniform_with_collection; "
     "vllm/v1/core/single_type_kv_cache_manager.py register_all_kvcache_specs",
     chapter=CHAPTER,
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_016 = rule(
     "KV-SPEC-016",
@@ -224,6 +239,7 @@ KV_SPEC_016 = rule(
     source=f"{IFACE} MambaSpec.is_uniform_with_collection",
     chapter=CHAPTER,
     kind="divergence",
+    spec_only=LAYER_SPEC_GROUPING,
 )
 KV_SPEC_017 = rule(
     "KV-SPEC-017",
@@ -236,6 +252,7 @@ KV_SPEC_017 = rule(
     "MambaCacheMode",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_SPEC_018 = rule(
     "KV-SPEC-018",
@@ -245,6 +262,7 @@ KV_SPEC_018 = rule(
     source="vllm/v1/core/block_pool.py BlockPool.__init__ (assert num_gpu_blocks > 0)",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_SPEC_019 = rule(
     "KV-SPEC-019",
@@ -256,6 +274,7 @@ KV_SPEC_019 = rule(
     "_check_exact_partition",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 KV_SPEC_020 = rule(
     "KV-SPEC-020",
@@ -266,6 +285,7 @@ KV_SPEC_020 = rule(
     "get_kv_cache_config_from_groups",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 
 #: The ``kind`` values of the spec family (see ``kvoracle.reference.kv_cache_spec``).

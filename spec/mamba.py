@@ -32,7 +32,7 @@ from __future__ import annotations
 import icontract
 
 from .contracts import ENABLED
-from .registry import defines, rule
+from .registry import INPUT_VALIDATION, defines, rule
 
 CHAPTER = "mamba"
 STKV = "vllm/v1/core/single_type_kv_cache_manager.py"
@@ -46,6 +46,7 @@ KV_MAMBA_001 = rule(
     followed by block i. Without such a block the hit is empty.""",
     source=f"{STKV} MambaManager.find_longest_cache_hit",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_MAMBA_002 = rule(
     "KV-MAMBA-002",
@@ -56,6 +57,7 @@ KV_MAMBA_002 = rule(
     source=f"{STKV} MambaManager.find_longest_cache_hit; {COORD} find_longest_cache_hit "
            "(no eagle margin for MambaSpec)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_MAMBA_003 = rule(
     "KV-MAMBA-003",
@@ -67,6 +69,7 @@ KV_MAMBA_003 = rule(
     source=f"vllm/v1/core/kv_cache_utils.py partial_hash_hits_enabled; {STKV} MambaManager",
     chapter=CHAPTER,
     kind="validation",
+    spec_only=INPUT_VALIDATION,
 )
 
 

@@ -7,6 +7,14 @@ reused: a withdrawn rule keeps its number and is marked ``withdrawn``.
 Chapters register their rules at import time with :func:`rule`, and mark the
 pure functions that state a rule with :func:`defines`. Code, reports and docs
 look rules up with :func:`get_rule` / :func:`all_rules`.
+
+Each rule also says how it is checked against engines. ``needs`` names the
+engine capabilities (flags of the conformance adapter's ``Capabilities``) an
+engine must claim before it can be judged on the rule. ``judged_by`` names the
+conformance suites whose checks judge the rule against engines. A rule no
+suite judges either has a ``spec_only`` reason -- no behaviour an engine
+adapter can observe corresponds to it -- or is listed in
+:data:`NOT_YET_JUDGED`, the gap list: observable, but no suite checks it yet.
 """
 
 from __future__ import annotations
@@ -25,6 +33,56 @@ RULE_ID_PATTERN = re.compile(r"^KV-[A-Z]+-\d{3}$")
 #: ``validation`` -- what kvoracle itself rejects as impossible input.
 RULE_KINDS = ("normative", "divergence", "validation")
 
+#: The conformance suites that judge rules against engines (``kvoracle check --suite``).
+SUITES = ("lockstep", "hybrid", "hybrid-lifecycle", "external-store")
+
+#: The engine capabilities a rule can need: the flags of
+#: ``kvoracle.conformance.adapter.Capabilities`` (the spec does not import the
+#: conformance package; a test keeps the two in step).
+CAPABILITIES = ("exact_block_ids", "free_queue", "ref_counts", "cache_map", "request_hashes", "eagle",
+                "caching_off", "lookahead", "delay_cache", "evict", "reset", "cache_salt",
+                "hash_block_views", "kv_data")
+
+#: ``spec_only`` reasons shared by several rules.
+INPUT_VALIDATION = ("kvoracle's own input validation: it rejects the configuration or argument with a "
+                    "ConfigError before any engine sees it; checked by kvoracle's tests")
+LAYER_SPEC_SIZES = ("page-size and worst-case-memory arithmetic of a layer's KV-cache spec, used to size the pool "
+                    "before a manager exists; no adapter operation or observation exposes it; checked by the "
+                    "spec tests (with a differential test against vLLM's spec classes) and CrossHair")
+LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided before a manager exists; adapters are "
+                       "configured with groups already formed; checked by the spec tests (with a differential "
+                       "test against vLLM's spec classes)")
+
+#: The gap list: rules an engine adapter could observe but no suite judges yet, each
+#: with what a suite would need to judge it. Exactly the rules with neither
+#: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that).
+NOT_YET_JUDGED: dict[str, str] = {
+    "KV-CHUNK-002": "hybrid-lifecycle: the skip count shows only as the null prefix that KV-SWA-007's "
+                    "freeing or KV-HLC-003's adoption leaves; counting at n - 1 ((n - 1) // chunk * chunk) "
+                    "keeps a whole chunk, as freeing at the computed count before the step (against "
+                    "KV-HLC-001) does whenever that count lies in the previous chunk; the adapter would have "
+                    "to report get_num_skipped_tokens to tell them apart",
+    "KV-EXT-009": "external-store: with EAGLE-marked groups and use_eagle off (already generated), recognise a "
+                  "hit that applies the store's drop (store_eagle_groups) and charge it here, not to KV-EXT-001",
+    "KV-EXT-010": "external-store: for an engine with partial hash hits, recognise a KV-EXT-002 failure where a "
+                  "full-attention group was trimmed to another group's shorter hash boundary and charge it here",
+    "KV-EXT-013": "external-store: with one spec group of several groups, EAGLE and a bound below the hashed "
+                  "tokens, recognise the hit that skips the look-ahead and charge it here, not to KV-EXT-001",
+    "KV-EXT-014": "external-store: generate EAGLE with a sliding window of 1 (store_setups turns it into 2 today) "
+                  "and charge the block load_mask adds before the hit to this rule",
+    "KV-HASH-006": "hybrid-lifecycle: claim hash_block_views and charge the cache keys of groups coarser than the "
+                   "hash block (block j under hash unit (j+1)*k-1) to this rule; the cache-map comparison charges "
+                   "them to the caching rules today",
+    "KV-HYB-008": "hybrid: the lookup adapter would report the coordinator's third result (uncached common "
+                  "prefix tokens), to compare with the spec's fixed_point",
+    "KV-HYB-011": "hybrid: the lookup adapter would need a per-group lookup operation "
+                  "(find_longest_cache_hit_per_group), to compare with per_group_hits",
+    "KV-SWA-006": "hybrid-lifecycle: the skip count shows only as the null prefix that KV-SWA-007's "
+                  "freeing or KV-SWA-009's adoption leaves; a count one token short (n - window) leaves "
+                  "exactly the table and free queue of a freeing loop that stops one block short, so the "
+                  "adapter would have to report get_num_skipped_tokens to tell them apart",
+}
+
 
 @dataclass(frozen=True)
 class Rule:
@@ -38,6 +96,12 @@ class Rule:
     kind: str = "normative"
     withdrawn: bool = False
     definitions: list[str] = field(default_factory=list, compare=False)
+    #: Engine capabilities (names of ``Capabilities`` flags) an engine must claim to be judged.
+    needs: tuple[str, ...] = ()
+    #: The conformance suites (names in :data:`SUITES`) whose checks judge the rule.
+    judged_by: tuple[str, ...] = ()
+    #: Why no suite can judge the rule through an engine adapter, for a rule none judges.
+    spec_only: str | None = None
 
     @property
     def area(self) -> str:
@@ -49,6 +113,42 @@ _RULES: dict[str, Rule] = {}
 F = TypeVar("F", bound=Callable[..., object])
 
 
+def check_metadata(rule_id: str, kind: str, needs: tuple[str, ...], judged_by: tuple[str, ...],
+                   spec_only: str | None) -> None:
+    """Raise ``ValueError`` naming ``rule_id`` when its judging metadata is malformed.
+
+    ``needs`` must be a tuple of distinct names in :data:`CAPABILITIES`; ``judged_by``
+    a tuple of distinct names in :data:`SUITES`; ``spec_only`` ``None`` or a non-empty
+    reason. A rule is judged by suites or spec-only, never both; a spec-only rule needs
+    no capability; a validation rule is never judged against engines; and a rule on the
+    gap list (:data:`NOT_YET_JUDGED`) is neither judged nor spec-only.
+    """
+    def bad(message: str) -> ValueError:
+        return ValueError(f"rule {rule_id}: {message}")
+
+    for name, value in (("needs", needs), ("judged_by", judged_by)):
+        if not isinstance(value, tuple):
+            raise bad(f"{name} must be a tuple of strings, got {value!r}")
+        if len(set(value)) != len(value):
+            raise bad(f"{name} lists a name twice: {value!r}")
+    unknown = [n for n in needs if not isinstance(n, str) or n not in CAPABILITIES]
+    if unknown:
+        raise bad(f"needs names unknown capabilities {unknown!r}; known: {', '.join(CAPABILITIES)}")
+    unknown = [s for s in judged_by if not isinstance(s, str) or s not in SUITES]
+    if unknown:
+        raise bad(f"judged_by names unknown suites {unknown!r}; known: {', '.join(SUITES)}")
+    if spec_only is not None and (not isinstance(spec_only, str) or not spec_only.strip()):
+        raise bad(f"spec_only must be None or a non-empty reason, got {spec_only!r}")
+    if judged_by and spec_only is not None:
+        raise bad(f"judged by {', '.join(judged_by)} and spec_only at once; a judged rule is not spec-only")
+    if spec_only is not None and needs:
+        raise bad("spec_only but needs capabilities; no engine is judged on a spec-only rule")
+    if kind == "validation" and judged_by:
+        raise bad("a validation rule is kvoracle's own input check; no suite judges it against engines")
+    if rule_id in NOT_YET_JUDGED and (judged_by or spec_only is not None):
+        raise bad("listed in NOT_YET_JUDGED but also judged_by or spec_only; remove it from the gap list")
+
+
 def rule(
     rule_id: str,
     title: str,
@@ -58,6 +158,9 @@ def rule(
     chapter: str,
     kind: str = "normative",
     withdrawn: bool = False,
+    needs: tuple[str, ...] = (),
+    judged_by: tuple[str, ...] = (),
+    spec_only: str | None = None,
 ) -> str:
     """Register a rule and return its ID (so chapters can bind it to a name)."""
     if not RULE_ID_PATTERN.match(rule_id):
@@ -66,6 +169,7 @@ def rule(
         raise ValueError(f"rule {rule_id}: kind {kind!r} is not one of {RULE_KINDS}")
     if rule_id in _RULES:
         raise ValueError(f"rule id {rule_id} is registered twice; rule ids are never reused")
+    check_metadata(rule_id, kind, needs, judged_by, spec_only)
     _RULES[rule_id] = Rule(
         id=rule_id,
         title=title,
@@ -74,6 +178,9 @@ def rule(
         chapter=chapter,
         kind=kind,
         withdrawn=withdrawn,
+        needs=needs,
+        judged_by=judged_by,
+        spec_only=spec_only,
     )
     return rule_id
 

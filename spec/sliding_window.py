@@ -65,6 +65,7 @@ KV_SWA_001 = rule(
     window - 1 earlier tokens must be resident. (Not cdiv(window, block_size).)""",
     source=f"{STKV} SlidingWindowManager._contiguous_blocks_for_hit",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_SWA_002 = rule(
     "KV-SWA-002",
@@ -75,6 +76,7 @@ KV_SWA_002 = rule(
     block and the rest are the blocks a lookup returns.""",
     source=f"{STKV} SlidingWindowManager.find_longest_cache_hit (right-to-left scan)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_SWA_003 = rule(
     "KV-SWA-003",
@@ -85,6 +87,7 @@ KV_SWA_003 = rule(
     specifies the engine's behaviour: need is at least 1.""",
     source=f"{STKV} SlidingWindowManager.find_longest_cache_hit (match only inside `if cached`)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_SWA_004 = rule(
     "KV-SWA-004",
@@ -93,6 +96,7 @@ KV_SWA_004 = rule(
     last matched block: a hit of F blocks needs blocks F - need .. F cached.""",
     source=f"{STKV} SlidingWindowManager._contiguous_blocks_for_hit / find_longest_cache_hit",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_SWA_005 = rule(
     "KV-SWA-005",
@@ -102,6 +106,7 @@ KV_SWA_005 = rule(
     0 shorter than need is rounded down to the alignment.""",
     source=f"{STKV} SlidingWindowManager.find_longest_cache_hit (post_pop_blocks check)",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 KV_SWA_006 = rule(
     "KV-SWA-006",
@@ -119,6 +124,7 @@ KV_SWA_007 = rule(
     frees the collected blocks in that order, and puts the null block in their places.""",
     source=f"{STKV} SingleTypeKVCacheManager.remove_skipped_blocks / _remove_blocks_in_range",
     chapter=CHAPTER,
+    judged_by=("hybrid-lifecycle",),
 )
 KV_SWA_008 = rule(
     "KV-SWA-008",
@@ -130,6 +136,7 @@ KV_SWA_008 = rule(
     source=f"{MGR} KVCacheManager.allocate_slots (remove_skipped_blocks before the check)",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("hybrid-lifecycle",),
 )
 KV_SWA_009 = rule(
     "KV-SWA-009",
@@ -140,6 +147,7 @@ KV_SWA_009 = rule(
     blocks.""",
     source=f"{STKV} SingleTypeKVCacheManager.get_num_blocks_to_allocate / add_local_computed_blocks",
     chapter=CHAPTER,
+    judged_by=("hybrid-lifecycle",),
 )
 KV_SWA_010 = rule(
     "KV-SWA-010",
@@ -151,6 +159,7 @@ KV_SWA_010 = rule(
     source=f"{STKV} SlidingWindowManager.find_longest_cache_hit (re-align after eagle pop)",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("hybrid",),
 )
 KV_SWA_011 = rule(
     "KV-SWA-011",
@@ -161,6 +170,7 @@ KV_SWA_011 = rule(
     segment that some aligned hit could read. Otherwise every full block is cached.""",
     source=f"{STKV} SlidingWindowManager.reachable_block_mask (retention_interval None)",
     chapter=CHAPTER,
+    judged_by=("hybrid-lifecycle",),
 )
 
 

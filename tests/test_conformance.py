@@ -15,16 +15,16 @@ import pytest
 
 from kvoracle.conformance import steps as s
 from kvoracle.conformance.adapter import Capabilities, EngineAdapter
-from kvoracle.conformance.engines import EngineLoadError, engine_spec_of, load_engine
 from kvoracle.conformance.engines.reference import ReferenceEngine
-from kvoracle.conformance.replay import replay, write_replay
-from kvoracle.conformance.runner import RunOptions, run_suite
-from kvoracle.conformance.verdicts import (
+from kvoracle.conformance.harness.engines import EngineLoadError, engine_factory, engine_spec_of
+from kvoracle.conformance.harness.replay import replay, write_replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.suites import capabilities_of, get_suite
+from kvoracle.conformance.harness.verdicts import (
     Counterexample,
     RuleViolation,
     Verdicts,
     applicability,
-    lockstep_verdicts,
 )
 from kvoracle.reference import BlockPool, ManagerConfig
 from kvoracle.spec import ConfigError, all_rules
@@ -96,14 +96,15 @@ FORWARD_FREE_STEPS = [
 
 def test_replay_finds_the_rule_and_the_reference_passes_the_same_steps() -> None:
     with pytest.raises(RuleViolation, match="KV-POOL-007"):
-        replay(broken_engines.ForwardFree, FORWARD_FREE_STEPS)
-    verdicts = replay("reference", FORWARD_FREE_STEPS)
+        replay("lockstep", broken_engines.ForwardFree, FORWARD_FREE_STEPS)
+    verdicts = replay("lockstep", "reference", FORWARD_FREE_STEPS)
     assert verdicts.outcomes["KV-POOL-007"].checks >= 1
 
 
 def test_replay_file_is_a_runnable_pytest_module(tmp_path: Path) -> None:
     example = Counterexample("KV-POOL-007", "free queue differs", FORWARD_FREE_STEPS)
-    path = write_replay(tmp_path, "broken_engines:ForwardFree", example)
+    path = write_replay(tmp_path, get_suite("lockstep"), "broken_engines:ForwardFree", example)
+    assert path.name == "test_lockstep_kv_pool_007_broken_engines_forwardfree.py"
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     assert namespace["STEPS"] == FORWARD_FREE_STEPS
@@ -113,15 +114,17 @@ def test_replay_file_is_a_runnable_pytest_module(tmp_path: Path) -> None:
 
 # -- engines by name -------------------------------------------------------------------------
 def test_engine_loading_errors_are_clear() -> None:
-    assert load_engine("reference") is ReferenceEngine
+    lockstep = get_suite("lockstep")
+    assert engine_factory("reference", lockstep) is ReferenceEngine
     assert engine_spec_of(ReferenceEngine) == "reference"
+    assert engine_spec_of(ReferenceEngine, lockstep) == "reference"
     assert engine_spec_of(broken_engines.ForwardFree) == "broken_engines:ForwardFree"
     with pytest.raises(EngineLoadError, match="module:Class"):
-        load_engine("no-colon")
+        engine_factory("no-colon", lockstep)
     with pytest.raises(EngineLoadError, match="cannot import"):
-        load_engine("no_such_module_xyz:Engine")
+        engine_factory("no_such_module_xyz:Engine", lockstep)
     with pytest.raises(EngineLoadError, match="has no attribute"):
-        load_engine("broken_engines:NoSuchEngine")
+        engine_factory("broken_engines:NoSuchEngine", lockstep)
 
 
 # -- bad input -------------------------------------------------------------------------------
@@ -178,8 +181,8 @@ def test_cli_rules_lists_every_rule() -> None:
 
 def test_cli_check_writes_a_json_report(tmp_path: Path) -> None:
     report = tmp_path / "report.json"
-    done = _cli("check", "--max-examples", "100", "--seed", "7", "--json", str(report),
-                cwd=tmp_path)
+    done = _cli("check", "--suite", "lockstep", "--max-examples", "100", "--seed", "7",
+                "--json", str(report), cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "RESULT: OK" in done.stdout
     data = json.loads(report.read_text())
@@ -201,13 +204,16 @@ def test_cli_bad_arguments_exit_2_with_a_message(tmp_path: Path) -> None:
 def test_pytest_plugin_turns_rules_into_items(tmp_path: Path) -> None:
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "--kvoracle-engine=reference", "--kvoracle-max-examples=100", "-rs"],
+         "--kvoracle-engine=reference", "--kvoracle-suite=lockstep", "--kvoracle-max-examples=100",
+         "-rs"],
         capture_output=True, text=True, cwd=tmp_path, timeout=600)
     assert done.returncode == 0, done.stdout + done.stderr
-    # One item per rule: the applicable ones of the lockstep suite pass, the rest are skipped.
-    outcomes = lockstep_verdicts(ReferenceEngine().capabilities()).outcomes.values()
-    applicable = sum(1 for outcome in outcomes if outcome.not_applicable is None)
-    assert f"{applicable} passed, {len(all_rules()) - applicable} skipped" in done.stdout
+    # One item per rule the lockstep suite judges: the applicable ones pass, the rest are skipped.
+    scope = get_suite("lockstep").scope()
+    verdicts = Verdicts(capabilities_of(ReferenceEngine()), scope=lambda rule: rule.id in set(scope))
+    applicable = sum(1 for rule_id in scope if verdicts.applicable(rule_id))
+    assert 0 < applicable < len(scope)
+    assert f"{applicable} passed, {len(scope) - applicable} skipped" in done.stdout
     assert "KV-LIFE-011 not applicable" in done.stdout
 
 
@@ -227,7 +233,7 @@ def test_only_the_kvoracle_namespace_is_installed() -> None:
 
 def test_spec_reference_conformance_import_without_torch() -> None:
     code = ("import sys\nsys.modules['torch'] = None\n"
-            "import kvoracle.spec, kvoracle.reference, kvoracle.conformance.runner\n"
+            "import kvoracle.spec, kvoracle.reference, kvoracle.conformance.harness.runner\n"
             "import kvoracle.conformance.cli, kvoracle.conformance.plugin\n"
             "try:\n import kvoracle.gpu\nexcept ImportError as e: print('gpu:', e)")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -10,8 +10,8 @@ import broken_engines
 import pytest
 
 from kvoracle.conformance import cli
-from kvoracle.conformance import expectations as exp
-from kvoracle.conformance.runner import RunOptions, run_suite
+from kvoracle.conformance.harness import expectations as exp
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
 
 ENTRY = """
 # a comment
@@ -92,7 +92,9 @@ def test_a_listed_failure_is_expected_and_a_fixed_one_fails_the_run(tmp_path: Pa
 def test_check_loads_the_engines_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(exp, "ENGINES_DIR", tmp_path)
-    common = ["check", "--engine", "reference", "--max-examples", "20", "--no-replay"]
+    # In this process (no supervised worker process), so that the run sees the patched ENGINES_DIR.
+    common = ["check", "--engine", "reference", "--suite", "lockstep", "--max-examples", "20", "--no-replay",
+              "--in-process"]
     assert cli.main(common) == 0  # no reference.toml: nothing expected
     _write(tmp_path, "reference")
     assert cli.main(common) == 1  # the reference does not fail KV-POOL-007: strict
@@ -108,8 +110,10 @@ def test_the_vllm_engine_imports_lazily_and_refuses_without_vllm() -> None:
     code = (
         "import sys; sys.modules['vllm'] = None\n"
         "import kvoracle.conformance, kvoracle.conformance.engines.vllm\n"
-        "from kvoracle.conformance.engines import EngineLoadError, load_engine\n"
-        "factory = load_engine('vllm')\n"
+        "from kvoracle.conformance.engines import EngineLoadError\n"
+        "from kvoracle.conformance.harness.engines import engine_factory\n"
+        "from kvoracle.conformance.harness.suites import get_suite\n"
+        "factory = engine_factory('vllm', get_suite('lockstep'))\n"
         "try:\n    factory()\nexcept EngineLoadError as error:\n    print(error)\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,

@@ -6,24 +6,24 @@ from __future__ import annotations
 import pytest
 
 from kvoracle.conformance.external_store import (
-    EXTERNAL_ENGINES,
     LookUp,
     Put,
     ReferenceExternalStore,
     Store,
     StoreSetup,
-    external_suite,
-    replay_external,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite
-from kvoracle.conformance.verdicts import RuleViolation
+from kvoracle.conformance.harness.engines import builtin_engines, engine_factory
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.suites import get_suite
+from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.reference.external_store import ExternalCachedBlockPool
 
 OPTIONS = dict(max_examples=150, step_count=25, seed=0, max_rounds=3, replay_dir=None)
 
 
 def run(factory, **overrides):
-    return run_suite(factory, RunOptions(**{**OPTIONS, **overrides}), suite=external_suite())
+    return run_suite(factory, RunOptions(**{**OPTIONS, **overrides}), suite="external-store")
 
 
 def outcome(result, rule_id):
@@ -92,15 +92,18 @@ def test_broken_coordinator_is_convicted(broken, rule_id):
                                                 if r.startswith("KV-EXT")}
     example = result.verdicts.outcomes[rule_id].counterexamples[0]
     with pytest.raises(RuleViolation) as caught:
-        replay_external(broken, example.steps)
+        replay("external-store", broken, example.steps)
     assert caught.value.rule_id == rule_id
 
 
 def test_replay_of_a_fixed_case_passes():
     setup = StoreSetup((("full", 2, 0), ("sliding_window", 1, 2)), 1, False, (False, False),
                        ((0, 1, 2, 3, 0, 1),))
-    replay_external(ReferenceExternalStore, [setup, Store(0, 4), Put(0, 0, (5,)), LookUp(0, None)])
+    replay("external-store", ReferenceExternalStore, [setup, Store(0, 4), Put(0, 0, (5,)), LookUp(0, None)])
 
 
 def test_engines_are_registered():
-    assert set(EXTERNAL_ENGINES) == {"reference", "vllm"}
+    engines = get_suite("external-store").engines
+    assert set(engines) == {"reference", "vllm"}
+    assert engine_factory("reference", get_suite("external-store")) is ReferenceExternalStore
+    assert all("external-store" in builtin_engines()[name] for name in engines)

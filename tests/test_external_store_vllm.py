@@ -13,11 +13,10 @@ from kvoracle.conformance.external_store import (
     Put,
     Store,
     StoreSetup,
-    external_suite,
-    replay_external,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite
-from kvoracle.conformance.verdicts import RuleViolation
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.verdicts import RuleViolation
 
 #: The rules vLLM 0.33.0 is known to break here, each a named divergence of the chapter.
 KNOWN = {"KV-EXT-001", "KV-EXT-002", "KV-EXT-003", "KV-EXT-005"}
@@ -25,7 +24,7 @@ KNOWN = {"KV-EXT-001", "KV-EXT-002", "KV-EXT-003", "KV-EXT-005"}
 
 def test_bounded_run_passes_or_names_known_divergences():
     result = run_suite(VllmMooncakeStore, RunOptions(max_examples=40, step_count=20, seed=0, max_rounds=3,
-                                                     replay_dir=None), suite=external_suite())
+                                                     replay_dir=None), suite="external-store")
     outcomes = {r: o.outcome for r, o in result.verdicts.outcomes.items() if r.startswith("KV-EXT")}
     assert not result.internal_errors
     assert {r for r, o in outcomes.items() if o in ("fail", "error")} <= KNOWN, outcomes
@@ -40,7 +39,7 @@ def test_kv_ext_010_partial_hit_that_cannot_be_loaded():
                        (tuple(range(80)),), partial=True)
     steps = [setup, Put(0, 0, (1, 3)), Put(0, 1, (1, 2)), LookUp(0, 80)]
     with pytest.raises(RuleViolation) as caught:
-        replay_external(VllmMooncakeStore, steps)
+        replay("external-store", VllmMooncakeStore, steps)
     assert caught.value.rule_id == "KV-EXT-002"
     assert "hit 48" in caught.value.message
 
@@ -48,7 +47,7 @@ def test_kv_ext_010_partial_hit_that_cannot_be_loaded():
 def test_kv_ext_013_one_spec_group_skips_the_eagle_look_ahead():
     setup = StoreSetup((("full", 1, 0),) * 3, 1, True, (False, False, False), ((0, 0),))
     with pytest.raises(RuleViolation) as caught:
-        replay_external(VllmMooncakeStore, [setup, Store(0, 2), LookUp(0, None)])
+        replay("external-store", VllmMooncakeStore, [setup, Store(0, 2), LookUp(0, None)])
     assert caught.value.rule_id == "KV-EXT-001"
     engine = VllmMooncakeStore()
     engine.configure(setup)

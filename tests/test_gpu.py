@@ -17,14 +17,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from kvoracle.conformance.adapter import EngineAdapter, Lookup
-from kvoracle.conformance.engines import load_engine
 from kvoracle.conformance.engines.gpu import (
     GpuEngine,
     PagedReferenceEngine,
     PagedStoreWrapper,
     TorchEngine,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.engines import builtin_engines, engine_factory
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.suites import get_suite
 from kvoracle.gpu import DEVICE_ENV, PagedKVStore, TorchBlockPool, default_device, torch
 from kvoracle.reference import BlockPool, ManagerConfig
 from kvoracle.spec import data_integrity as data_spec
@@ -340,7 +341,8 @@ def _failures(engine: EngineAdapter) -> list[tuple[str, bool, str]]:
 def test_adapters_satisfy_the_protocol_and_gpu_is_built_in() -> None:
     assert isinstance(GpuEngine(), EngineAdapter)
     assert isinstance(TorchEngine(), EngineAdapter)
-    assert load_engine("gpu") is GpuEngine
+    assert engine_factory("gpu", get_suite("lockstep")) is GpuEngine
+    assert builtin_engines()["gpu"] == ["lockstep"]
     caps = GpuEngine().capabilities()
     assert caps.kv_data and caps.exact_block_ids and caps.free_queue and caps.cache_map
     assert not TorchEngine().capabilities().kv_data
@@ -406,7 +408,7 @@ def test_gpu_engine_conforms(tmp_path: Path, seed: int) -> None:
 
 def test_kvoracle_check_engine_gpu_on_the_command_line(tmp_path: Path) -> None:
     env = {**os.environ, "KVORACLE_CONTRACTS": "0", DEVICE_ENV: "cpu"}
-    done = subprocess.run([sys.executable, "-m", "kvoracle", "check", "--engine", "gpu",
+    done = subprocess.run([sys.executable, "-m", "kvoracle", "check", "--engine", "gpu", "--suite", "lockstep",
                            "--max-examples", "60", "--seed", "5", "--no-replay"],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
     assert "engine gpu" in done.stdout, done.stdout + done.stderr

@@ -28,7 +28,7 @@ def gpu_meta_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     running = {}
     for engine in broken_gpu_engines.EXPECTED:
         report, replays = root / f"{engine}.json", root / f"replays-{engine}"
-        command = [sys.executable, "-m", "kvoracle", "check", "--engine",
+        command = [sys.executable, "-m", "kvoracle", "check", "--suite", "lockstep", "--engine",
                    f"broken_gpu_engines:{engine}", "--max-examples", MAX_EXAMPLES, "--seed", "0",
                    "--max-rounds", "1", "--step-timeout", "5", "--json", str(report),
                    "--replay-dir", str(replays)]

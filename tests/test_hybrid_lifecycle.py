@@ -10,6 +10,10 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.suites import capabilities_of, get_suite
+from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
 from kvoracle.conformance.hybrid_lifecycle import (
     Arrive,
     LifecycleDriver,
@@ -17,12 +21,7 @@ from kvoracle.conformance.hybrid_lifecycle import (
     ReferenceHybridLifecycle,
     Release,
     Run,
-    lifecycle_suite,
-    lifecycle_verdicts,
-    replay_lifecycle,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite
-from kvoracle.conformance.verdicts import RuleViolation
 from kvoracle.reference import Request
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.hybrid_manager import GroupTables, HybridKVCacheManager
@@ -190,7 +189,7 @@ def test_one_state_block_per_request() -> None:
 
 
 def test_reference_suite_passes() -> None:
-    result = run_suite("reference", RunOptions(max_examples=150, replay_dir=None), suite=lifecycle_suite())
+    result = run_suite("reference", RunOptions(max_examples=150, replay_dir=None), suite="hybrid-lifecycle")
     assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
                        if o.outcome not in ("pass", "not-applicable")]
 
@@ -271,9 +270,9 @@ CASES = {
 def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
     groups_class, rule_id, steps = CASES[name]
     engine = _engine(groups_class)
-    replay_lifecycle(ReferenceHybridLifecycle, steps)  # the reference passes the case
+    replay("hybrid-lifecycle", ReferenceHybridLifecycle, steps)  # the reference passes the case
     with pytest.raises(RuleViolation) as failure:
-        replay_lifecycle(engine, steps)
+        replay("hybrid-lifecycle", engine, steps)
     assert failure.value.rule_id == rule_id, failure.value.message
 
 
@@ -281,7 +280,7 @@ def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
 def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
     groups_class, rule_id, _ = CASES[name]
     result = run_suite(_engine(groups_class), RunOptions(max_examples=150, max_rounds=1, replay_dir=tmp_path),
-                       suite=lifecycle_suite())
+                       suite="hybrid-lifecycle")
     failed = {o.rule_id for o in result.verdicts.outcomes.values() if o.counterexamples or o.errors}
     assert rule_id in failed, failed
 
@@ -291,12 +290,15 @@ def test_driver_reports_an_engine_that_raises() -> None:
         def allocate(self, *args, **kwargs):
             raise RuntimeError("boom")
 
-    driver = LifecycleDriver(Raises, lifecycle_verdicts(None, None))
+    scope = set(get_suite("hybrid-lifecycle").scope())
+    verdicts = Verdicts(capabilities_of(Raises()), scope=lambda rule: rule.id in scope)
+    driver = LifecycleDriver(Raises, verdicts)
     driver.apply(SWA_MODEL)
     driver.apply(Arrive("a", (1, 2)))
     with pytest.raises(RuleViolation) as failure:
         driver.apply(Run("a", 2))
     assert failure.value.rule_id == "KV-HLC-001" and "boom" in failure.value.message
+    assert failure.value.is_engine_error and failure.value.engine_error_kind == "raised"
 
 
 @given(st.integers(1, 40), st.integers(0, 40), st.sampled_from([1, 2]), st.sampled_from([1, 2, 4]), st.booleans())
@@ -322,4 +324,4 @@ def test_partial_tail_orders_the_free_queue() -> None:
     engine.advance("r0", 3)
     engine.free("r0")
     assert engine.observe().free_queue == (3, 2, 1, 5, 4)
-    replay_lifecycle(ReferenceHybridLifecycle, steps)
+    replay("hybrid-lifecycle", ReferenceHybridLifecycle, steps)

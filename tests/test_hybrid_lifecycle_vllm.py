@@ -6,26 +6,26 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm.sh)")
 
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.hybrid_lifecycle import (
     Arrive,
     LifecycleSetup,
     Release,
     Run,
-    lifecycle_suite,
-    replay_lifecycle,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite
+from kvoracle.spec import all_rules
 
 
 def test_partial_tail_entry_orders_the_free_queue_as_specified() -> None:
     """KV-HLC-006: the case the suite found before the reference modelled partial entries."""
-    replay_lifecycle("vllm", [
+    replay("hybrid-lifecycle", "vllm", [
         LifecycleSetup((("full", 1, 0), ("full", 2, 0)), 1, 6, 8, use_eagle=True),
         Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")])
 
 
 def test_sliding_window_lifecycle_matches() -> None:
-    replay_lifecycle("vllm", [
+    replay("hybrid-lifecycle", "vllm", [
         LifecycleSetup((("full", 2, 0), ("sliding_window", 1, 2)), 1, 40, 32),
         Arrive("a", (1, 2, 3, 0, 1, 2, 3)), Run("a", 3), Run("a", 4), Release("a"),
         Arrive("b", (1, 2, 3, 0, 1, 2, 3, 3)), Run("b", 8), Release("b", preempted=True)])
@@ -33,7 +33,7 @@ def test_sliding_window_lifecycle_matches() -> None:
 
 @pytest.mark.parametrize("seed", [0, 2])
 def test_bounded_suite_passes(seed: int) -> None:
-    result = run_suite("vllm", RunOptions(max_examples=200, seed=seed, replay_dir=None), suite=lifecycle_suite())
+    result = run_suite("vllm", RunOptions(max_examples=200, seed=seed, replay_dir=None), suite="hybrid-lifecycle")
     assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
                        for o in result.verdicts.outcomes.values() if o.outcome not in ("pass", "not-applicable")]
 
@@ -41,11 +41,10 @@ def test_bounded_suite_passes(seed: int) -> None:
 def test_vllm_in_a_paged_store_keeps_every_groups_data() -> None:
     """KV-DATA-001..006 around vLLM's hybrid manager: one store tensor per group."""
     pytest.importorskip("torch", reason="the paged store needs torch")
-    from kvoracle.conformance.hybrid_lifecycle import DATA_SCOPE
-
+    data_rules = [rule.id for rule in all_rules() if rule.chapter == "data_integrity"]
     result = run_suite("paged-vllm", RunOptions(max_examples=150, seed=1, replay_dir=None),
-                       suite=lifecycle_suite())
+                       suite="hybrid-lifecycle")
     outcomes = result.verdicts.outcomes
     assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
                        for o in outcomes.values() if o.outcome not in ("pass", "not-applicable")]
-    assert all(outcomes[rule_id].checks > 0 for rule_id in DATA_SCOPE)
+    assert data_rules and all(outcomes[rule_id].checks > 0 for rule_id in data_rules)

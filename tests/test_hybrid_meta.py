@@ -19,9 +19,11 @@ from pathlib import Path
 import broken_hybrid_engines
 import pytest
 
-from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, Seed, hybrid_suite, replay_hybrid
-from kvoracle.conformance.runner import RunOptions, run_suite
-from kvoracle.conformance.verdicts import RuleViolation
+from kvoracle.conformance.harness.replay import replay, write_replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.suites import get_suite
+from kvoracle.conformance.harness.verdicts import Counterexample, RuleViolation
+from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, Seed
 
 TESTS = Path(__file__).parent
 T, F = True, False
@@ -50,31 +52,28 @@ STATES = {
 def test_broken_hybrid_lookup_is_convicted_with_its_rule(engine: str) -> None:
     steps = STATES[engine]
     with pytest.raises(RuleViolation) as caught:
-        replay_hybrid(getattr(broken_hybrid_engines, engine), steps)
+        replay("hybrid", getattr(broken_hybrid_engines, engine), steps)
     assert caught.value.rule_id == broken_hybrid_engines.EXPECTED[engine], caught.value
     assert caught.value.steps == steps
 
 
 @pytest.mark.parametrize("engine", sorted(broken_hybrid_engines.EXPECTED))
 def test_the_reference_passes_each_state(engine: str) -> None:
-    verdicts = replay_hybrid("reference", STATES[engine])
+    verdicts = replay("hybrid", "reference", STATES[engine])
     assert not any(o.failed_checks for o in verdicts.outcomes.values())
 
 
 def test_reference_passes_the_generated_hybrid_suite() -> None:
-    result = run_suite("reference", RunOptions(max_examples=40, replay_dir=None), suite=hybrid_suite())
+    result = run_suite("reference", RunOptions(max_examples=40, replay_dir=None), suite="hybrid")
     assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
                        if o.outcome not in ("pass", "not-applicable")]
 
 
 def test_hybrid_replay_file_is_a_runnable_pytest_module(tmp_path) -> None:
     """A hybrid counterexample is written with the suite's own template and replays."""
-    from kvoracle.conformance.hybrid_lookup import write_hybrid_replay
-    from kvoracle.conformance.verdicts import Counterexample
-
     steps = STATES["MambaEagleMargin"]
     example = Counterexample("KV-MAMBA-002", "mamba answered past the candidate", steps)
-    path = write_hybrid_replay(tmp_path, "broken_hybrid_engines:MambaEagleMargin", example)
+    path = write_replay(tmp_path, get_suite("hybrid"), "broken_hybrid_engines:MambaEagleMargin", example)
     assert path.name == "test_hybrid_kv_mamba_002_broken_hybrid_engines_mambaeaglemargin.py"
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
@@ -132,11 +131,12 @@ def test_generated_hybrid_suite_convicts_broken_lookup(hybrid_cli_runs: dict, en
     assert rule["outcome"] == "fail", (expected_rule, rule["outcome"], run["output"])
     assert rule["counterexamples"], f"{expected_rule} failed without a counterexample\n{run['output']}"
     example = rule["counterexamples"][0]
+    assert example["suite"] == "hybrid"
     assert example["steps"][0].startswith("HybridSetup(")
-    replay = Path(example["replay"])
-    assert replay.exists()
+    path = Path(example["replay"])
+    assert path.exists()
     namespace: dict = {}
-    exec(compile(replay.read_text(), str(replay), "exec"), namespace)
+    exec(compile(path.read_text(), str(path), "exec"), namespace)
     with pytest.raises(RuleViolation) as caught:
-        namespace[f"test_{replay.stem[5:]}"]()
+        namespace[f"test_{path.stem[5:]}"]()
     assert caught.value.rule_id == expected_rule, caught.value

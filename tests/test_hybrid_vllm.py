@@ -27,14 +27,14 @@ if not str(vllm.__version__).startswith("0.33."):
 
 from kvoracle.conformance import hybrid_lookup  # noqa: E402
 from kvoracle.conformance.engines.vllm_hybrid import VllmHybridLookup  # noqa: E402
-from kvoracle.conformance.expectations import expectations_for  # noqa: E402
+from kvoracle.conformance.harness.engines import engine_factory  # noqa: E402
+from kvoracle.conformance.harness.expectations import expectations_for  # noqa: E402
+from kvoracle.conformance.harness.runner import RunOptions, run_suite  # noqa: E402
+from kvoracle.conformance.harness.suites import get_suite  # noqa: E402
 from kvoracle.conformance.hybrid_lookup import (  # noqa: E402
     HybridLookupAdapter,
     ReferenceHybridLookup,
-    hybrid_suite,
-    load_hybrid_engine,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite  # noqa: E402
 from kvoracle.reference.hybrid import HybridConfig  # noqa: E402
 from kvoracle.reference.kv_cache_spec import (  # noqa: E402
     ChunkedLocalAttentionSpec,
@@ -97,7 +97,7 @@ def _holes(length: int, missing: Sequence[int]) -> tuple[bool, ...]:
 
 # -- the adapter ---------------------------------------------------------------------------
 def test_the_adapter_is_a_hybrid_lookup_adapter_of_vllm_0_33() -> None:
-    engine = load_hybrid_engine("vllm")()
+    engine = engine_factory("vllm", get_suite("hybrid"))()
     assert isinstance(engine, HybridLookupAdapter)
     assert isinstance(engine, VllmHybridLookup)
     assert engine.name == "vllm" and engine.version().startswith("0.33.")
@@ -276,17 +276,20 @@ def test_kv_swa_010_vllm_answers_the_loop_not_the_declarative_hit() -> None:
 
 # -- a bounded run of the suite -----------------------------------------------------------
 def test_vllm_passes_a_bounded_hybrid_run(tmp_path: Path) -> None:
-    factory = load_hybrid_engine("vllm")
-    expectations = expectations_for(factory)
+    suite = get_suite("hybrid")
+    factory = engine_factory("vllm", suite)
+    assert factory is VllmHybridLookup
+    expectations = expectations_for(factory(), suite.name)
+    scope = suite.scope()
     result = run_suite("vllm", RunOptions(max_examples=150, replay_dir=tmp_path),
-                       expectations=expectations, suite=hybrid_suite())
+                       expectations=expectations, suite=suite.name)
     outcomes = {rule: o.outcome for rule, o in result.verdicts.outcomes.items()}
     assert result.engine_version.startswith("0.33.")
     assert result.internal_errors == []
     assert set(outcomes.values()) <= GOOD, {r: o for r, o in outcomes.items() if o not in GOOD}
     assert result.ok
     for rule_id in expectations or {}:
-        if rule_id in hybrid_lookup.SCOPE:
+        if rule_id in scope:
             assert outcomes[rule_id] == "expected-fail", rule_id
-    judged = [rule for rule in hybrid_lookup.SCOPE if outcomes[rule] == "pass"]
-    assert set(judged) == set(hybrid_lookup.SCOPE) - set(expectations or {})
+    judged = [rule for rule in scope if outcomes[rule] == "pass"]
+    assert set(judged) == set(scope) - set(expectations or {})

@@ -24,7 +24,7 @@ MAX_EXAMPLES = "150"
 
 
 def _check_command(engine: str, report: Path, replays: Path) -> list[str]:
-    return [*KVORACLE, "check", "--engine", f"broken_engines:{engine}",
+    return [*KVORACLE, "check", "--suite", "lockstep", "--engine", f"broken_engines:{engine}",
             "--max-examples", MAX_EXAMPLES, "--seed", "0", "--step-timeout", "2",
             "--json", str(report), "--replay-dir", str(replays)]
 

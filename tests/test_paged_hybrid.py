@@ -13,21 +13,23 @@ from pathlib import Path
 import pytest
 
 from kvoracle.conformance.engines.paged_store import PagedHybridReferenceEngine, _Group
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.suites import capabilities_of, get_suite
+from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
 from kvoracle.conformance.hybrid_lifecycle import (
-    DATA_SCOPE,
     Arrive,
     LifecycleSetup,
+    ReferenceHybridLifecycle,
     Run,
-    lifecycle_suite,
-    lifecycle_verdicts,
-    replay_lifecycle,
 )
-from kvoracle.conformance.runner import RunOptions, run_suite
-from kvoracle.conformance.verdicts import RuleViolation
 from kvoracle.gpu import torch
 from kvoracle.reference.hybrid_manager import HybridKVCacheManager
+from kvoracle.spec import all_rules
 
 GOOD = {"pass", "not-applicable"}
+#: The data-integrity chapter's rules (KV-DATA).
+DATA_RULES = tuple(rule.id for rule in all_rules() if rule.chapter == "data_integrity")
 
 #: Full attention (block 2) beside a sliding window of 3 tokens (block 4): two tables.
 TWO_GROUPS = LifecycleSetup((("full", 2, 0), ("sliding_window", 4, 3)), hash_block_size=2,
@@ -44,21 +46,30 @@ class OneTableForAllGroups(PagedHybridReferenceEngine):
         return [tables[0]] * len(tables)
 
 
+def _lifecycle_verdicts(adapter: object) -> Verdicts:
+    """The verdicts a hybrid-lifecycle run of ``adapter`` starts from."""
+    scope = set(get_suite("hybrid-lifecycle").scope())
+    return Verdicts(capabilities_of(adapter), scope=lambda rule: rule.id in scope,
+                    out_of_scope="not judged by the hybrid-lifecycle suite")
+
+
 def test_the_data_rules_are_judged_only_for_an_engine_that_keeps_a_store() -> None:
-    with_store = lifecycle_verdicts(PagedHybridReferenceEngine(), None)
-    without = lifecycle_verdicts(None, None)
-    for rule_id in DATA_SCOPE:
+    assert DATA_RULES
+    assert set(DATA_RULES) <= set(get_suite("hybrid-lifecycle").scope())
+    with_store = _lifecycle_verdicts(PagedHybridReferenceEngine())
+    without = _lifecycle_verdicts(ReferenceHybridLifecycle())
+    for rule_id in DATA_RULES:
         assert with_store.outcomes[rule_id].not_applicable is None
         assert without.outcomes[rule_id].not_applicable is not None
 
 
 def test_paged_reference_passes_the_hybrid_lifecycle_suite_with_every_data_rule() -> None:
     result = run_suite(PagedHybridReferenceEngine, RunOptions(max_examples=120, replay_dir=None),
-                       suite=lifecycle_suite())
+                       suite="hybrid-lifecycle")
     outcomes = result.verdicts.outcomes
     assert result.ok, [(rule_id, o.outcome) for rule_id, o in outcomes.items()
                        if o.outcome not in GOOD]
-    for rule_id in DATA_SCOPE:
+    for rule_id in DATA_RULES:
         assert outcomes[rule_id].checks > 0, rule_id
 
 
@@ -86,9 +97,9 @@ def test_a_windowed_group_is_judged_on_its_window_only() -> None:
 
 def test_writes_through_another_groups_table_are_caught_on_a_fixed_case() -> None:
     steps = [TWO_GROUPS, Arrive("r0", (0, 1, 2, 3, 0, 1, 2, 3, 1, 1)), Run("r0", 10)]
-    replay_lifecycle(PagedHybridReferenceEngine, steps)
+    replay("hybrid-lifecycle", PagedHybridReferenceEngine, steps)
     with pytest.raises(RuleViolation) as caught:
-        replay_lifecycle(OneTableForAllGroups, steps)
+        replay("hybrid-lifecycle", OneTableForAllGroups, steps)
     assert caught.value.rule_id == "KV-DATA-003"
     assert "group 1" in caught.value.message
 
@@ -96,7 +107,7 @@ def test_writes_through_another_groups_table_are_caught_on_a_fixed_case() -> Non
 @pytest.mark.slow
 def test_writes_through_another_groups_table_are_found_by_the_suite(tmp_path: Path) -> None:
     result = run_suite(OneTableForAllGroups, RunOptions(max_examples=150, max_rounds=1,
-                                                        replay_dir=tmp_path), suite=lifecycle_suite())
+                                                        replay_dir=tmp_path), suite="hybrid-lifecycle")
     failed = {rule_id for rule_id, o in result.verdicts.outcomes.items()
               if o.outcome in ("fail", "error")}
     assert failed and failed <= {"KV-DATA-001", "KV-DATA-002", "KV-DATA-003"}, failed

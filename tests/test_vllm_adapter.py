@@ -20,8 +20,8 @@ from kvoracle.conformance.adapter import UNKNOWN_HASH, EngineAdapter  # noqa: E4
 from kvoracle.conformance.engines import EngineLoadError  # noqa: E402
 from kvoracle.conformance.engines import vllm as vllm_engine  # noqa: E402
 from kvoracle.conformance.engines.vllm import VllmEngine  # noqa: E402
-from kvoracle.conformance.expectations import expectations_for  # noqa: E402
-from kvoracle.conformance.runner import RunOptions, run_suite  # noqa: E402
+from kvoracle.conformance.harness.expectations import expectations_for  # noqa: E402
+from kvoracle.conformance.harness.runner import RunOptions, run_suite  # noqa: E402
 from kvoracle.reference import ManagerConfig  # noqa: E402
 from kvoracle.spec.hashing import extend_block_hashes  # noqa: E402
 
@@ -46,9 +46,9 @@ def _run(engine: VllmEngine, request_id: str, prompt: tuple[int, ...]) -> tuple[
 
 
 def test_vllm_conforms_within_a_bounded_run(tmp_path: Path) -> None:
-    expectations = expectations_for("vllm")
+    expectations = expectations_for(VllmEngine(), "lockstep")
     result = run_suite("vllm", RunOptions(max_examples=80, replay_dir=tmp_path),
-                       expectations=expectations)
+                       expectations=expectations, suite="lockstep")
     outcomes = {rule: o.outcome for rule, o in result.verdicts.outcomes.items()}
     assert result.engine_version.startswith("0.33.")
     assert result.internal_errors == []

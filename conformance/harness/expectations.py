@@ -9,6 +9,7 @@ that kvoracle still wants to check). Such differences are listed in a TOML file,
     versions = ">=0.33.0,<0.34"
     reason = "why the engine differs"
     source = "https://github.com/.../file.py#L123"
+    suite = "lockstep"          # optional: only in this suite's runs
 
 ``kvoracle check`` reports a listed rule that fails as ``expected-fail`` and one
 that no longer fails as ``unexpected-pass``, which fails the run (strict xfail):
@@ -16,22 +17,24 @@ a fixed difference must be removed from the file. ``versions`` is a
 comma-separated list of ``<op> version`` clauses (``>=``, ``>``, ``<=``, ``<``,
 ``==``, ``!=``; ``==0.33.*`` matches a release line); an entry whose range
 excludes the engine's version is ignored.
+
+A user's own file (``kvoracle check --expectations FILE``, the pytest plugin's
+``--kvoracle-expectations``) has the same format and adds to the packaged one; it
+applies to whichever engine is checked.
 """
 
 from __future__ import annotations
 
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from kvoracle.spec import all_rules
 
-from .adapter import EngineAdapter
-from .engines import load_engine
-
 #: Where the built-in engines' expectation files live.
-ENGINES_DIR = Path(__file__).resolve().parent / "engines"
+ENGINES_DIR = Path(__file__).resolve().parent.parent / "engines"
 REQUIRED_KEYS = ("rule", "versions", "reason")
 
 
@@ -45,9 +48,16 @@ def expectations_path(engine_name: str) -> Path | None:
     return path if path.is_file() else None
 
 
-def load_expectations(path: Path, engine_version: str) -> dict[str, str]:
-    """Rule id -> reason for each entry of ``path`` whose range holds ``engine_version``."""
-    entries = _read_toml(path).get("expect", [])
+def load_expectations(path: Path, engine_version: str, suite: str | None = None) -> dict[str, str]:
+    """Rule id -> reason for each entry of ``path`` whose range holds ``engine_version`` (and,
+    when an entry names a suite, only for that ``suite``)."""
+    try:
+        document = _read_toml(path)
+    except OSError as error:
+        raise ExpectationsError(f"{path}: cannot read: {error.strerror or error}") from None
+    except ValueError as error:  # tomllib.TOMLDecodeError
+        raise ExpectationsError(f"{path}: not valid TOML: {error}") from None
+    entries = document.get("expect", [])
     if not isinstance(entries, list):
         raise ExpectationsError(f"{path}: 'expect' must be an array of tables ([[expect]])")
     known = {rule.id for rule in all_rules()}
@@ -60,7 +70,11 @@ def load_expectations(path: Path, engine_version: str) -> dict[str, str]:
         rule_id = entry["rule"]
         if rule_id not in known:
             raise ExpectationsError(f"{where}: unknown rule {rule_id!r}")
+        if "suite" in entry and not isinstance(entry["suite"], str):
+            raise ExpectationsError(f"{where}: 'suite' must be a string")
         if not version_in_range(engine_version, entry["versions"]):
+            continue
+        if suite is not None and entry.get("suite", suite) != suite:
             continue
         reason = entry["reason"]
         if entry.get("source"):
@@ -69,17 +83,19 @@ def load_expectations(path: Path, engine_version: str) -> dict[str, str]:
     return expected
 
 
-def expectations_for(engine: str | Callable[[], EngineAdapter]) -> dict[str, str] | None:
-    """The expectations of ``engine`` (a spec or factory), or ``None`` without a file.
-
-    Builds one adapter to learn the engine's name and version.
-    """
-    factory = load_engine(engine) if isinstance(engine, str) else engine
-    adapter = factory()
-    path = expectations_path(getattr(adapter, "name", ""))
-    if path is None:
+def expectations_for(adapter: Any, suite: str | None = None, extra: Sequence[Path] = ()
+                     ) -> dict[str, str] | None:
+    """The expected failures of ``adapter``'s engine in ``suite``: its packaged file
+    (``engines/<name>.toml``) and the user's files ``extra``; ``None`` when there are none."""
+    version = str(adapter.version()) if callable(getattr(adapter, "version", None)) else ""
+    paths = [p for p in (expectations_path(str(getattr(adapter, "name", ""))),) if p] + list(extra)
+    if not paths:
         return None
-    return load_expectations(path, str(adapter.version()))
+    expected: dict[str, str] = {}
+    for path in paths:
+        for rule_id, reason in load_expectations(path, version, suite).items():
+            expected[rule_id] = f"{expected[rule_id]}; {reason}" if rule_id in expected else reason
+    return expected
 
 
 # -- versions --------------------------------------------------------------------------------

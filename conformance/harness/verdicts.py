@@ -20,7 +20,7 @@ import attrs
 
 from kvoracle.spec import Rule, all_rules, get_rule
 
-from .adapter import Capabilities
+from .capabilities import Capabilities
 
 PASS = "pass"
 FAIL = "fail"
@@ -33,43 +33,6 @@ OUTCOMES = (PASS, FAIL, ERROR, EXPECTED_FAIL, UNEXPECTED_PASS, NOT_APPLICABLE, U
 #: Outcomes that let ``kvoracle check`` exit 0.
 GOOD_OUTCOMES = (PASS, EXPECTED_FAIL, NOT_APPLICABLE)
 
-#: Capabilities each rule needs before an engine can be judged on it.
-REQUIREMENTS: dict[str, tuple[str, ...]] = {
-    "KV-HASH-001": ("request_hashes",),
-    "KV-HASH-002": ("request_hashes",),
-    "KV-HASH-003": ("request_hashes",),
-    "KV-HASH-004": ("request_hashes",),
-    "KV-HASH-005": ("cache_map",),
-    "KV-HASH-006": ("hash_block_views",),
-    "KV-HASH-007": ("request_hashes", "cache_salt"),
-    "KV-POOL-002": ("ref_counts",),
-    "KV-POOL-003": ("exact_block_ids", "free_queue"),
-    "KV-POOL-004": ("exact_block_ids",),
-    "KV-POOL-005": ("exact_block_ids", "cache_map"),
-    "KV-POOL-006": ("exact_block_ids", "free_queue"),
-    "KV-POOL-007": ("exact_block_ids", "free_queue"),
-    "KV-POOL-008": ("free_queue", "ref_counts"),
-    "KV-POOL-009": ("exact_block_ids", "cache_map"),
-    "KV-POOL-010": ("free_queue", "ref_counts"),
-    "KV-POOL-011": ("ref_counts",),
-    "KV-POOL-013": ("evict", "cache_map"),
-    "KV-POOL-014": ("reset",),
-    "KV-POOL-015": ("cache_map",),
-    "KV-FULL-002": ("exact_block_ids",),
-    "KV-FULL-003": ("eagle",),
-    "KV-LIFE-006": ("exact_block_ids",),
-    "KV-LIFE-007": ("cache_map",),
-    "KV-LIFE-008": ("delay_cache", "cache_map"),
-    "KV-LIFE-012": ("caching_off", "cache_map"),
-    "KV-DATA-001": ("kv_data",),
-    "KV-DATA-002": ("kv_data",),
-    "KV-DATA-003": ("kv_data",),
-    "KV-DATA-004": ("kv_data", "cache_map"),
-    "KV-DATA-005": ("kv_data",),
-    "KV-DATA-006": ("kv_data",),
-}
-
-
 def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
     """Why a rule is not applicable to an engine, or ``None`` if it is."""
     rule = get_rule(rule_id)
@@ -79,24 +42,10 @@ def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
         return f"engine declares common_prefix={capabilities.common_prefix!r}"
     if rule_id == "KV-LIFE-011" and capabilities.common_prefix != "cascade":
         return f"engine declares common_prefix={capabilities.common_prefix!r}"
-    missing = [name for name in REQUIREMENTS.get(rule_id, ()) if not getattr(capabilities, name)]
+    missing = [name for name in rule.needs if not getattr(capabilities, name)]
     if missing:
         return "engine does not claim " + ", ".join(missing)
     return None
-
-
-#: Chapters whose rules the lockstep suite judges. The attention-type and hybrid chapters
-#: are judged by the hybrid lookup suite (``kvoracle check --suite hybrid``) and the spec's
-#: own tests; the spec-family chapter by the project's tests.
-LOCKSTEP_CHAPTERS = ("config", "hashing", "block_pool", "full_attention", "lifecycle", "data_integrity")
-OUTSIDE_LOCKSTEP = ("judged by kvoracle check --suite hybrid and the spec tests, "
-                    "not by the single-group lockstep suite")
-
-
-def lockstep_verdicts(capabilities: Capabilities, expectations: dict[str, str] | None = None) -> Verdicts:
-    """Verdicts of the lockstep suite: rules of other chapters are not applicable."""
-    return Verdicts(capabilities, expectations, scope=lambda rule: rule.chapter in LOCKSTEP_CHAPTERS,
-                    out_of_scope=OUTSIDE_LOCKSTEP)
 
 
 class KnownFailure(Exception):
@@ -120,8 +69,16 @@ class RuleViolation(AssertionError):
         self.rule_id = rule_id
         self.message = message
         self.steps: list[object] = []
-        self.is_engine_error = False
-        self.hung = False
+        #: How the engine failed, when the violation is an engine error (see :mod:`.calls`).
+        self.engine_error_kind: str | None = None
+
+    @property
+    def is_engine_error(self) -> bool:
+        return self.engine_error_kind is not None
+
+    @property
+    def hung(self) -> bool:
+        return self.engine_error_kind == "hung"
 
 
 _VIOLATION_TYPES: dict[str, type[RuleViolation]] = {}
@@ -147,6 +104,13 @@ class Counterexample:
     steps: list[object]
     engine_error: bool = False
     replay_path: str | None = None
+    #: The suite whose steps these are.
+    suite: str = ""
+    #: Hypothesis could not make the failure happen again on replay (an engine that fails
+    #: intermittently): the steps are those of the failing run, not shrunk.
+    flaky: bool = False
+    #: Not shrunk (a hang, whose every replay would wait again; or a crash of the process).
+    shrunk: bool = True
 
 
 @attrs.define
@@ -192,7 +156,7 @@ class Verdicts:
         self.suppressed: set[str] = set()
         #: The first (unshrunk) failing step list seen for each rule, kept in case shrinking
         #: another rule's failure was the only time this rule failed.
-        self.first_seen: dict[str, tuple[str, list[object], bool]] = {}
+        self.first_seen: dict[str, Counterexample] = {}
 
     def applicable(self, rule_id: str) -> bool:
         return self.outcomes[rule_id].not_applicable is None
@@ -216,9 +180,7 @@ class Verdicts:
         for rule_id, outcome in self.outcomes.items():
             if (outcome.failed_checks and not outcome.counterexamples and not outcome.errors
                     and rule_id in self.first_seen):
-                message, steps, engine_error = self.first_seen[rule_id]
-                examples.append(Counterexample(rule_id, message + " (not shrunk)", steps,
-                                               engine_error))
+                examples.append(attrs.evolve(self.first_seen[rule_id], shrunk=False))
         return examples
 
     def record(self, example: Counterexample) -> None:

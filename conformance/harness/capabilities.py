@@ -1,0 +1,47 @@
+"""What an engine claims: the capability flags that gate the rules needing them.
+
+A rule's ``needs`` (in :mod:`kvoracle.spec`) names these flags. An engine that does
+not claim a flag is never judged on a rule needing it: the rule is reported "not
+applicable", never "pass". The flags are shared by every suite; an adapter without a
+``capabilities()`` method claims the defaults.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+COMMON_PREFIX_MODES = ("zero", "cascade", "none")
+
+
+@attrs.frozen
+class Capabilities:
+    """What an engine claims. Each flag gates the rules that need it."""
+
+    #: Block ids, allocation order and free-queue order are exactly the spec's.
+    exact_block_ids: bool = True
+    #: ``observe()`` reports the free queue in eviction order.
+    free_queue: bool = True
+    #: ``observe()`` reports every block's reference count.
+    ref_counts: bool = True
+    #: ``observe()`` reports the cache map (key -> blocks, in caching order).
+    cache_map: bool = True
+    #: ``observe()`` reports each request's block hashes (opaque engine values).
+    request_hashes: bool = True
+    eagle: bool = True
+    caching_off: bool = True
+    lookahead: bool = True
+    delay_cache: bool = True
+    evict: bool = True
+    reset: bool = True
+    cache_salt: bool = True
+    #: Several groups with block sizes that are multiples of the hash block size.
+    hash_block_views: bool = False
+    #: ``zero``: vLLM >= 0.x deprecation (KV-LIFE-010); ``cascade``: KV-LIFE-011.
+    common_prefix: str = attrs.field(default="zero")
+    #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
+    kv_data: bool = False
+
+    @common_prefix.validator
+    def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
+        if value not in COMMON_PREFIX_MODES:
+            raise ValueError(f"common_prefix must be one of {COMMON_PREFIX_MODES}, got {value!r}")

@@ -1,0 +1,116 @@
+"""The step driver every suite's driver extends: apply a step, charge what failed.
+
+A suite's driver subclass has one handler per step class (``_Configure`` for a
+``Configure`` step, ...) that applies the step to kvoracle's model and, through
+:meth:`Driver.call`, to the engine, then judges the answers with
+``self.verdicts.check``. This base does what is the same in every suite: it keeps
+the steps so far (the counterexample if a check fails), ends an example quietly
+after a failure already reported, and charges an engine's misbehaviour
+(:class:`~.calls.EngineError`) to a rule.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any
+
+from .calls import EngineCaller, EngineError
+from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
+
+RULE_ID_IN_TEXT = re.compile(r"\bKV-[A-Z]+-\d{3}\b")
+
+
+class Driver:
+    """Applies steps to an engine and to the suite's model, and judges them."""
+
+    #: The suite's name (set by each subclass; counterexamples carry it).
+    suite_name = ""
+    #: Charged for an engine failure when neither the call nor the step names an applicable rule.
+    fault_rule = ""
+
+    def __init__(self, engine_factory: Callable[[], Any], verdicts: Verdicts,
+                 caller: EngineCaller | None = None) -> None:
+        self.engine_factory = engine_factory
+        self.verdicts = verdicts
+        self.caller = caller if caller is not None else EngineCaller()
+        self.engine: Any = None
+        self.steps: list[object] = []
+        #: Set once a failure ended the example: later steps are not applied.
+        self.dead = False
+        #: Record a hang as it is (a run: every replay of it would wait again) instead of
+        #: raising it (a replay: the test must fail while the engine hangs).
+        self.record_hangs = False
+        self._step_rule = ""
+        self.prepare()
+
+    def prepare(self) -> None:
+        """Set up the suite's own state: its model of the engine, its configuration (none yet)."""
+
+    # -- engine calls --------------------------------------------------------------------------
+    def new_engine(self) -> None:
+        """Build a fresh adapter (a configure step calls this before configuring it)."""
+        self.caller.trail.operation("the adapter's constructor", self._step_rule or self.fault_rule)
+        try:
+            self.engine = self.caller.construct(self.engine_factory)
+        except EngineError as error:
+            raise self._charge(error, None) from None
+
+    def call(self, operation: str, *args: Any, rule: str | None = None, **kwargs: Any) -> Any:
+        """``engine.operation(*args, **kwargs)``; a failure is charged to ``rule`` (default: the
+        step's primary rule), or to the rule the engine's own message names."""
+        self.caller.trail.operation(operation, rule or self._step_rule or self.fault_rule)
+        try:
+            return self.caller(self.engine, operation, *args, **kwargs)
+        except EngineError as error:
+            raise self._charge(error, rule) from None
+
+    def _charge(self, error: EngineError, rule_id: str | None) -> RuleViolation:
+        applicable = self.verdicts.applicable
+        named = RULE_ID_IN_TEXT.search(error.detail)
+        if named and named.group(0) in self.verdicts.outcomes and applicable(named.group(0)):
+            # An engine that checks itself (one built on kvoracle's reference) names its rule.
+            rule_id = named.group(0)
+        else:
+            rule_id = next((r for r in (rule_id, self._step_rule, self.fault_rule) if r and applicable(r)),
+                           rule_id or self._step_rule or self.fault_rule)
+            if not error.hung:
+                # Not called again from the next round on, so that the run judges the rest.
+                self.caller.quarantine.raised.setdefault(error.operation, error.detail)
+        failure = violation(rule_id, str(error))
+        failure.engine_error_kind = error.kind
+        return failure
+
+    # -- steps ---------------------------------------------------------------------------------
+    def apply(self, step: object) -> None:
+        if self.dead:
+            return
+        self.steps.append(step)
+        self._step_rule = getattr(step, "primary_rule", "")
+        self.caller.trail.step(step)
+        try:
+            getattr(self, "_" + type(step).__name__)(step)
+            return
+        except KnownFailure:
+            self.dead = True
+            return
+        except RuleViolation as failed:
+            found = failed
+        self.dead = True
+        found.steps = list(self.steps)
+        example = Counterexample(found.rule_id, found.message, found.steps, found.is_engine_error,
+                                 suite=self.suite_name, shrunk=not found.hung)
+        self.verdicts.first_seen.setdefault(found.rule_id, example)
+        if found.rule_id in self.verdicts.suppressed:
+            return
+        if found.hung and self.record_hangs:
+            self.verdicts.record(example)
+            return
+        # One origin and no context for every failure of a rule: Hypothesis tells failures apart by
+        # type (one per rule), origin and context, and a hang replayed against its quarantine, or an
+        # engine error raised from another line, is still the same failure.
+        found.__context__ = found.__cause__ = None
+        raise found.with_traceback(None)
+
+    def close(self) -> None:
+        """The example is over (the caller and its worker outlive it: they serve the whole run)."""

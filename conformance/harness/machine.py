@@ -1,0 +1,81 @@
+"""The base of every suite's Hypothesis machine, and binding one to an engine.
+
+A suite's machine subclasses :class:`SuiteMachine`: its rules only *choose* steps
+and hand them to ``self.driver``. :func:`bind_machine` makes the subclass a run
+uses, bound to one engine, one verdict collector and one engine caller. Third
+parties can run a bound machine's ``TestCase`` in their own test suites.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import RuleBasedStateMachine
+
+from .calls import EngineCaller
+from .suites import SuiteDef, capabilities_of, get_suite
+from .verdicts import Verdicts
+
+
+class SuiteMachine(RuleBasedStateMachine):
+    """Holds the driver of one example; subclasses add the rules that choose steps."""
+
+    suite: SuiteDef
+    engine_factory: Callable[[], Any]
+    verdicts: Verdicts
+    caller: EngineCaller
+    #: Operations quarantined when the round began (preconditions read this, never the live
+    #: quarantine: rule availability changing within a round would make replays inconsistent).
+    round_quarantine: frozenset[str] = frozenset()
+    on_example: Callable[[], None] | None = None
+    #: A run records a hang as it is (never shrunk); a plain test fails on it.
+    record_hangs: bool = False
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.caller.trail.example(self.suite.name)
+        self.driver = self.suite.driver(type(self).engine_factory, self.verdicts, self.caller)
+        self.driver.record_hangs = self.record_hangs
+        if self.on_example is not None:
+            self.on_example()
+
+    def can(self, operation: str) -> bool:
+        """Whether steps calling ``operation`` may be generated in this example."""
+        return not self.driver.dead and operation not in self.round_quarantine
+
+    def teardown(self) -> None:
+        self.driver.close()
+
+
+def machine_for(suite: str | SuiteDef, engine_factory: Callable[[], Any], step_timeout: float | None = 10.0,
+                max_examples: int = 100, step_count: int = 40) -> type[SuiteMachine]:
+    """A suite's machine bound to an engine, for an engine's own test suite::
+
+        TestMyEngine = machine_for("lockstep", MyAdapter).TestCase
+
+    A failing rule fails the test with a :class:`~.verdicts.RuleViolation` naming it (a hang
+    included); Hypothesis shrinks it as usual.
+    """
+    suite = get_suite(suite) if isinstance(suite, str) else suite
+    caller = EngineCaller(step_timeout, returns=suite.returns)
+    scope = set(suite.scope())
+    probe = caller.construct(engine_factory)
+    verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
+                        out_of_scope=f"not judged by the {suite.name} suite")
+    machine = bind_machine(suite, engine_factory, verdicts, caller, **suite.machine_options(probe))
+    machine.TestCase.settings = settings(max_examples=max_examples, stateful_step_count=step_count, deadline=None,
+                                         database=None, suppress_health_check=list(HealthCheck))
+    return machine
+
+
+def bind_machine(suite: SuiteDef, engine_factory: Callable[[], Any], verdicts: Verdicts,
+                 caller: EngineCaller, on_example: Callable[[], None] | None = None,
+                 **attributes: Any) -> type[SuiteMachine]:
+    """The suite's machine class bound to ``engine_factory``'s engine."""
+    name = f"{suite.machine.__name__}_{getattr(engine_factory, '__name__', 'engine')}"
+    return type(name, (suite.machine,), {
+        "suite": suite, "engine_factory": staticmethod(engine_factory), "verdicts": verdicts,
+        "caller": caller, "round_quarantine": caller.quarantine.blocked(),
+        "on_example": staticmethod(on_example) if on_example else None, **attributes})

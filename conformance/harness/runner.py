@@ -1,0 +1,339 @@
+"""Running suites against one engine and collecting per-rule verdicts.
+
+A suite's run is a sequence of *rounds*. Each round runs the suite's machine under
+Hypothesis; when rules fail, Hypothesis shrinks each failing example, the
+counterexamples are recorded (and written as replay files), their rules are
+*suppressed* (a later failure ends an example quietly) and the next round looks for
+failures of the other rules. The run ends when a round finds nothing new or after
+``max_rounds`` rounds. The runner knows no particular suite: everything
+suite-specific comes from the :class:`~.suites.SuiteDef`.
+
+An interrupted run (Ctrl-C) is not lost: the verdicts so far are returned, marked
+incomplete, and the caller reports them.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import hypothesis
+from hypothesis import HealthCheck, Phase, Verbosity
+from hypothesis.errors import Flaky, HypothesisException
+from hypothesis.stateful import get_state_machine_test
+
+from .calls import CLOCKS, EngineCaller, EngineError, Trail
+from .engines import EngineLoadError, engine_factory, engine_spec_of
+from .machine import bind_machine
+from .replay import write_replay
+from .suites import SuiteDef, capabilities_of, get_suite
+from .verdicts import Counterexample, RuleViolation, Verdicts
+
+if sys.version_info < (3, 11):  # Hypothesis brings the backport there
+    from exceptiongroup import BaseExceptionGroup
+
+
+def default_hypothesis_dir() -> Path:
+    """Where Hypothesis keeps its files unless asked otherwise: the user's cache, never the
+    current directory."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "kvoracle" / "hypothesis"
+
+
+@attrs.define
+class RunOptions:
+    max_examples: int = 150
+    step_count: int = 40
+    seed: int = 0
+    #: Seconds of engine time one engine call may take before it counts as a hang; None: no limit.
+    step_timeout: float | None = 10.0
+    #: "engine": wall time less time spent waiting for a CPU (load-independent); "wall".
+    timeout_clock: str = "engine"
+    max_rounds: int = 12
+    replay_dir: Path | None = Path("kvoracle-replays")
+    #: Hypothesis' own directory (``None``: :func:`default_hypothesis_dir`).
+    hypothesis_dir: Path | None = None
+
+    def problems(self) -> list[str]:
+        """What is wrong with these options (``kvoracle check`` refuses them before running)."""
+        found = []
+        for name in ("max_examples", "step_count", "max_rounds"):
+            if getattr(self, name) < 1:
+                found.append(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.step_timeout is not None and not self.step_timeout > 0:
+            found.append(f"step_timeout must be positive (or no limit), got {self.step_timeout}")
+        if self.timeout_clock not in CLOCKS:
+            found.append(f"timeout_clock must be one of {CLOCKS}, got {self.timeout_clock!r}")
+        if self.seed < 0:
+            found.append(f"seed must be >= 0, got {self.seed}")
+        return found
+
+
+class SuiteLoadError(EngineLoadError):
+    """The engine cannot be run in a suite: not loadable, or its adapter lacks operations."""
+
+
+@attrs.define
+class RunResult:
+    """One suite's verdicts for one engine."""
+
+    suite: str
+    engine_name: str
+    engine_version: str
+    engine_spec: str
+    options: RunOptions
+    verdicts: Verdicts
+    rounds: int = 0
+    examples: int = 0
+    duration_s: float = 0.0
+    internal_errors: list[str] = attrs.Factory(list)
+    #: Why the run stopped before its end (interrupted, the process crashed); None if complete.
+    incomplete: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.verdicts.ok() and not self.internal_errors and self.incomplete is None
+
+
+def _split_failures(error: BaseException, flaky: bool = False
+                    ) -> tuple[list[tuple[RuleViolation, bool]], list[BaseException]]:
+    """The rule violations in what a round raised (one, or a group of several bugs, each with
+    whether Hypothesis found it flaky), and the rest."""
+    if isinstance(error, RuleViolation):
+        return [(error, flaky)], []
+    if isinstance(error, BaseExceptionGroup):
+        flaky = flaky or isinstance(error, Flaky)
+        violations: list[tuple[RuleViolation, bool]] = []
+        others: list[BaseException] = []
+        for inner in error.exceptions:
+            found, rest = _split_failures(inner, flaky)
+            violations += found
+            others += rest
+        return violations, others
+    return [], [error]
+
+
+def load_suite_engine(engine: str | Callable[[], Any], suite: SuiteDef, caller: EngineCaller
+                      ) -> tuple[Callable[[], Any], Any]:
+    """The adapter factory for ``suite`` and a probe adapter built with it.
+
+    Raises :class:`SuiteLoadError` naming what is wrong: nothing loadable, an adapter whose
+    constructor fails, or one that lacks the suite's operations.
+    """
+    factory = engine_factory(engine, suite) if isinstance(engine, str) else engine
+    name = engine if isinstance(engine, str) else engine_spec_of(engine, suite)
+    try:
+        probe = caller.construct(factory)
+    except EngineError as error:
+        raise SuiteLoadError(f"engine {name!r}: building its {suite.name} adapter failed: {error.detail}"
+                             ) from None
+    missing = suite.missing_operations(probe)
+    if missing:
+        raise SuiteLoadError(f"engine {name!r} is not a {suite.name} adapter: it lacks "
+                             f"{', '.join(missing)}")
+    try:
+        capabilities_of(probe)
+    except Exception as error:
+        raise SuiteLoadError(f"engine {name!r}: {error}") from None
+    return factory, probe
+
+
+#: Called with a run's result as it goes (``done`` at its end): a supervised worker's checkpoints.
+Checkpoint = Callable[..., None]
+
+
+def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None,
+              progress: Callable[[str], None] | None = None,
+              expectations: dict[str, str] | None = None, suite: str | SuiteDef = "lockstep",
+              trail: Trail | None = None, checkpoint: Checkpoint | None = None) -> RunResult:
+    """Run every rule ``suite`` judges against ``engine``; never raises for engine failures.
+
+    Raises :class:`SuiteLoadError` (or :class:`~.engines.EngineLoadError`) before running
+    when the engine cannot be run in the suite. ``trail`` and ``checkpoint`` let a
+    supervising process recover the run if the engine kills this one (:mod:`.supervisor`).
+    """
+    options = options or RunOptions()
+    problems = options.problems()
+    if problems:
+        raise ValueError("; ".join(problems))
+    suite = get_suite(suite) if isinstance(suite, str) else suite
+    say = progress or (lambda message: None)
+    hypothesis.configuration.set_hypothesis_home_dir(options.hypothesis_dir or default_hypothesis_dir())
+    caller = EngineCaller(options.step_timeout, returns=suite.returns, clock=options.timeout_clock, trail=trail)
+    note = checkpoint or (lambda result, done=False: None)
+    try:
+        factory, probe = load_suite_engine(engine, suite, caller)
+        spec = engine if isinstance(engine, str) else engine_spec_of(engine, suite)
+        scope = set(suite.scope())
+        verdicts = Verdicts(capabilities_of(probe), expectations, scope=lambda rule: rule.id in scope,
+                            out_of_scope=f"not judged by the {suite.name} suite")
+        result = RunResult(suite.name, str(getattr(probe, "name", type(probe).__name__)),
+                           _version(probe), spec, options, verdicts)
+        note(result)
+        _rounds(result, suite, factory, probe, caller, say, note)
+    finally:
+        caller.close()
+    if options.replay_dir is not None:
+        for outcome in verdicts.outcomes.values():
+            for example in outcome.counterexamples + outcome.errors:
+                if example.replay_path is None:
+                    example.replay_path = str(write_replay(options.replay_dir, suite, spec, example, options))
+    note(result, done=True)
+    return result
+
+
+def _version(probe: Any) -> str:
+    try:
+        return str(probe.version()) if callable(getattr(probe, "version", None)) else "unknown"
+    except Exception as error:  # an adapter's version() is engine code too
+        return f"unknown ({type(error).__name__}: {error})"
+
+
+def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], probe: Any,
+            caller: EngineCaller, say: Callable[[str], None], note: Checkpoint) -> None:
+    options, verdicts = result.options, result.verdicts
+    if options.step_timeout is not None and options.timeout_clock == "engine" \
+            and not caller.measures_engine_time:
+        say("  note: no per-thread scheduler statistics here; step timeouts are wall time")
+
+    def count_example() -> None:
+        note(result)
+        result.examples += 1
+        if result.examples % 50 == 0:
+            checks = sum(o.checks for o in verdicts.outcomes.values())
+            say(f"  ... {result.examples} examples, {checks} checks")
+
+    started = time.perf_counter()
+    extra = suite.machine_options(probe)
+    try:
+        for round_index in range(options.max_rounds):
+            result.rounds += 1
+            machine = bind_machine(suite, factory, verdicts, caller, count_example, record_hangs=True, **extra)
+            settings = hypothesis.settings(
+                max_examples=options.max_examples, stateful_step_count=options.step_count,
+                deadline=None, database=None, suppress_health_check=list(HealthCheck),
+                # Several bugs per round, each shrunk on its own: with a single bug, Hypothesis
+                # lets the shrinker slip from one failure to any smaller one, so a rule whose
+                # failures also break a later check was reported under that other rule.
+                verbosity=Verbosity.quiet, report_multiple_bugs=True,
+                phases=(Phase.explicit, Phase.generate, Phase.shrink))
+            test = hypothesis.seed(options.seed + round_index)(get_state_machine_test(machine, settings=settings))
+            say(f"{suite.name} round {result.rounds}: up to {options.max_examples} examples of up to "
+                f"{options.step_count} steps (seed {options.seed + round_index})")
+            recorded_before = set(verdicts.suppressed)
+            seen_before = set(verdicts.first_seen)
+            try:
+                test()
+            except (HypothesisException, Exception) as error:
+                if not _record_round_failures(error, verdicts, seen_before, result, say):
+                    break
+                note(result)
+                continue
+            hangs = verdicts.suppressed - recorded_before
+            for rule_id in sorted(hangs):
+                say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")
+            if hangs:
+                continue
+            say("  no new failure")
+            break
+    except KeyboardInterrupt:
+        result.incomplete = "interrupted (SIGINT) during round " + str(result.rounds)
+        say("  interrupted: the verdicts so far are reported, marked incomplete")
+    finally:
+        result.duration_s = time.perf_counter() - started
+    for example in verdicts.unrecorded_failures():
+        verdicts.record(example)
+
+
+def _record_round_failures(error: BaseException, verdicts: Verdicts, seen_before: set[str],
+                           result: RunResult, say: Callable[[str], None]) -> bool:
+    """Record what a round raised; ``False`` when it was kvoracle's own bug (the run stops)."""
+    violations, others = _split_failures(error)
+    # Hypothesis could not replay an example the engine failed in (the engine answers the same
+    # steps differently): that is the engine's flakiness, charged to the rules its failures were
+    # seen under -- never a kvoracle bug.
+    engine_flaky = any(isinstance(other, Flaky) for other in others) and (
+        any(v.is_engine_error for v, _ in violations)
+        or any(verdicts.first_seen[r].engine_error for r in set(verdicts.first_seen) - seen_before))
+    for violation, flaky in violations:
+        flaky = flaky or (engine_flaky and violation.is_engine_error)
+        example = Counterexample(violation.rule_id, violation.message, list(violation.steps),
+                                 violation.is_engine_error, suite=result.suite, flaky=flaky,
+                                 shrunk=not flaky)
+        verdicts.record(example)
+        kind = "engine error" if example.engine_error else "failure"
+        say(f"  {kind}{' (flaky)' if flaky else ''}: {violation.rule_id} -- {violation.message}")
+        say(f"  {'shrunk to' if example.shrunk else 'not shrunk:'} {len(example.steps)} steps")
+    internal = []
+    for other in others:
+        if engine_flaky and isinstance(other, Flaky):
+            for rule_id in sorted(set(verdicts.first_seen) - seen_before - verdicts.suppressed):
+                example = verdicts.first_seen[rule_id]
+                if example.engine_error:
+                    verdicts.record(attrs.evolve(example, flaky=True, shrunk=False))
+                    say(f"  engine error (flaky): {rule_id} -- {example.message}")
+            continue
+        internal.append(other)
+        result.internal_errors.append(f"{type(other).__name__}: {other}")
+        say(f"  internal error: {type(other).__name__}: {other}")
+    return not internal
+
+
+@attrs.define
+class CheckResult:
+    """Every suite run of one ``kvoracle check``."""
+
+    engine: str
+    options: RunOptions
+    runs: list[RunResult] = attrs.Factory(list)
+    #: Suites asked for that the engine has no adapter for, with the reason.
+    unsupported: dict[str, str] = attrs.Factory(dict)
+    incomplete: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.runs) and all(run.ok for run in self.runs) and self.incomplete is None
+
+
+def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef], options: RunOptions,
+               progress: Callable[[str], None] | None = None,
+               expectations: Callable[[SuiteDef, Any], dict[str, str] | None] | None = None,
+               explicit: bool = False, trail: Trail | None = None,
+               checkpoint: Checkpoint | None = None) -> CheckResult:
+    """Run each of ``suites`` the engine has an adapter for.
+
+    ``expectations(suite, probe)`` gives a suite's expected failures. With ``explicit``
+    (the user named the suites) a suite the engine cannot run in is an error
+    (:class:`SuiteLoadError`); otherwise it is skipped and listed in ``unsupported``, and
+    only an engine that supports none of them is an error.
+    """
+    say = progress or (lambda message: None)
+    check = CheckResult(engine if isinstance(engine, str) else engine_spec_of(engine), options)
+    plans = []
+    for item in suites:
+        suite = get_suite(item) if isinstance(item, str) else item
+        caller = EngineCaller(options.step_timeout, returns=suite.returns, clock=options.timeout_clock)
+        try:
+            _, probe = load_suite_engine(engine, suite, caller)
+        except EngineLoadError as error:
+            if explicit:
+                raise
+            check.unsupported[suite.name] = str(error)
+            continue
+        finally:
+            caller.close()
+        plans.append((suite, expectations(suite, probe) if expectations else None))
+    if not plans:
+        raise SuiteLoadError("no suite can run this engine:\n  " + "\n  ".join(check.unsupported.values()))
+    for suite, expected in plans:
+        result = run_suite(engine, options, say, expected, suite, trail, checkpoint)
+        check.runs.append(result)
+        if result.incomplete is not None:
+            check.incomplete = f"{suite.name}: {result.incomplete}"
+            break
+    return check

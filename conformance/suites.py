@@ -1,0 +1,12 @@
+"""The suites built into kvoracle. Importing this module registers each with the harness.
+
+The command and the pytest plugin import it; the harness itself never does. A
+suite of a third party registers itself the same way, by importing
+:func:`kvoracle.conformance.harness.register_suite` in its own module.
+"""
+
+from . import external_store, hybrid_lifecycle, hybrid_lookup, machine
+
+#: The built-in suites' modules, in the order ``kvoracle check`` runs them.
+MODULES = (machine, hybrid_lookup, hybrid_lifecycle, external_store)
+BUILTIN = ("lockstep", "hybrid", "hybrid-lifecycle", "external-store")

@@ -1,0 +1,381 @@
+"""The harness's guarantees, as a user meets them through ``kvoracle check``.
+
+An engine that raises, returns the wrong type, exits, kills its process or hangs is
+charged to a rule, with a replay that keeps failing; kvoracle's own bugs are the
+only INTERNAL ERRORs. Bad options and output paths are refused before the run. An
+interrupted run still reports its verdicts, marked incomplete. Time limits end
+hangs and never judge speed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from kvoracle.conformance.harness import calls
+from kvoracle.conformance.harness.calls import EngineCaller, EngineError
+
+TESTS = Path(__file__).parent
+KVORACLE = [sys.executable, "-m", "kvoracle"]
+ENV = {**os.environ, "KVORACLE_CONTRACTS": "0"}
+
+
+def _check(*args: str, cwd: Path = TESTS, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([*KVORACLE, "check", *args], cwd=cwd, env=ENV, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+
+
+# -- the engine caller ---------------------------------------------------------------------------
+class _Engine:
+    def fine(self):
+        return 7
+
+    def raises(self):
+        raise ValueError("broken inside")
+
+    def exits(self):
+        sys.exit(5)
+
+    def hard_exits(self):
+        os._exit(6)
+
+    def sleeps(self):
+        time.sleep(30)
+
+    def spins(self):
+        while True:
+            pass
+
+
+@pytest.mark.parametrize("timeout", [None, 5.0])
+@pytest.mark.parametrize(("operation", "kind", "text"), [
+    ("raises", calls.RAISED, "ValueError: broken inside"),
+    ("exits", calls.EXITED, "sys.exit(5)"),
+    ("hard_exits", calls.EXITED, "os._exit(6)"),
+    ("fine", calls.RETURNED, "returned 7: expected bool, got int"),
+])
+def test_each_misbehaviour_is_an_engine_error_of_its_kind(timeout, operation, kind, text) -> None:
+    from kvoracle.conformance.harness import returns
+
+    caller = EngineCaller(timeout, returns={"fine": returns.boolean})
+    try:
+        with pytest.raises(EngineError) as raised:
+            caller(_Engine(), operation)
+    finally:
+        caller.close()
+    assert raised.value.kind == kind and raised.value.operation == operation
+    assert text in raised.value.detail
+
+
+@pytest.mark.parametrize("operation", ["sleeps", "spins"])
+def test_a_call_that_never_answers_is_a_hang_and_its_operation_is_quarantined(operation: str) -> None:
+    caller = EngineCaller(0.5)
+    with pytest.raises(EngineError) as raised:
+        caller(_Engine(), operation)
+    assert raised.value.hung and "no answer within 0.5 s" in raised.value.detail
+    with pytest.raises(EngineError) as again:  # fails fast: nothing waits twice
+        caller(_Engine(), operation)
+    assert again.value.hung and "quarantined" in again.value.detail
+    assert caller(_Engine(), "fine") == 7  # a fresh worker serves the other operations
+    caller.close()
+
+
+def test_engine_time_excludes_waiting_for_a_cpu() -> None:
+    if not EngineCaller(1.0).measures_engine_time:
+        pytest.skip("this kernel reports no per-thread scheduler statistics (/proc/self/task/*/schedstat)")
+    # The worker's run-queue wait grows while other threads keep the CPUs busy.
+    caller = EngineCaller(1.0)
+    worker = caller._get_worker()
+    before = worker.waited()
+    burners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2 * os.cpu_count())]
+    try:
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline:
+            caller(_Engine(), "fine")
+    finally:
+        for burner in burners:
+            burner.kill()
+        caller.close()
+    assert worker.waited() > before
+
+
+# -- misbehaving engines through the command ------------------------------------------------------
+#: name -> (engine, suite, extra options)
+RUNS = {
+    "lookup-none": ("LookupReturnsNone", "lockstep", []),
+    "observe-dict": ("ObserveReturnsDict", "lockstep", []),
+    "common-prefix-int": ("CommonPrefixReturnsInt", "lockstep", []),
+    "sys-exit": ("ExitsOnFree", "lockstep", []),
+    "os-exit": ("HardExitsOnEvict", "lockstep", []),
+    "segfault": ("SegfaultsOnReset", "lockstep", []),
+    "intermittent": ("RaisesNowAndThen", "lockstep", ["--max-examples", "100"]),
+    "store-hang": ("HangsInStoreMask", "external-store", ["--step-timeout", "1"]),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
+    root = tmp_path_factory.mktemp("harness")
+    started = {}
+    for name, (engine, suite, extra) in RUNS.items():
+        report, replays = root / f"{name}.json", root / f"replays-{name}"
+        command = [*KVORACLE, "check", "--engine", f"faulty_engines:{engine}", "--suite", suite,
+                   "--max-examples", "40", "--seed", "0", "--json", str(report), "--replay-dir", str(replays),
+                   *extra]
+        started[name] = (subprocess.Popen(command, cwd=TESTS, env=ENV, stdout=subprocess.PIPE,
+                                          stderr=subprocess.STDOUT, text=True), report, replays)
+    results = {}
+    for name, (process, report, replays) in started.items():
+        output, _ = process.communicate(timeout=900)
+        assert report.exists(), f"{name}: no JSON report\n{output}"
+        data = json.loads(report.read_text())
+        results[name] = {"rc": process.returncode, "output": output, "report": data, "replays": replays,
+                         "rules": {r["id"]: r for r in data["rules"]}}
+    return results
+
+
+def _replay(path: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=TESTS,
+                          env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _charged(run: dict, rule_id: str) -> dict:
+    rule = run["rules"][rule_id]
+    assert rule["outcome"] == "error", (rule_id, rule["outcome"], run["output"][-3000:])
+    assert rule["counterexamples"], run["output"][-3000:]
+    example = rule["counterexamples"][0]
+    assert example["engine_error"] and example["steps"]
+    assert run["report"]["internal_errors"] == [] and "INTERNAL ERROR" not in run["output"]
+    assert run["rc"] == 1
+    return example
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("name", "rule_id", "text", "passed"), [
+    ("lookup-none", "KV-LIFE-003", "returned None: expected Lookup", 10),
+    # Every step observes: nothing else can be judged.
+    ("observe-dict", "KV-POOL-003", "expected Observation, got dict", 0),
+    ("common-prefix-int", "KV-LIFE-010", "returned 0: expected a sequence, got int", 20),
+    ("sys-exit", "KV-LIFE-009", "called sys.exit(3)", 10),
+    ("os-exit", "KV-POOL-013", "called os._exit(4)", 20),
+])
+def test_wrong_types_and_exits_are_charged_with_a_replay_that_keeps_failing(runs, name, rule_id, text,
+                                                                            passed) -> None:
+    run = runs[name]
+    example = _charged(run, rule_id)
+    assert text in example["message"]
+    assert example["shrunk"] and not example["flaky"]
+    # The rest of the rules were still judged (the operation was not called again).
+    assert sum(1 for r in run["rules"].values() if r["outcome"] == "pass") >= passed
+    replayed = _replay(example["replay"])
+    assert replayed.returncode == 1, replayed.stdout
+    assert text in replayed.stdout
+
+
+@pytest.mark.slow
+def test_an_intermittently_raising_engine_is_charged_with_its_own_message(runs) -> None:
+    run = runs["intermittent"]
+    assert run["report"]["internal_errors"] == [] and "INTERNAL ERROR" not in run["output"]
+    charged = [(rule_id, example) for rule_id, rule in run["rules"].items() for example in rule["counterexamples"]
+               if "transient allocator failure" in example["message"]]
+    assert charged, run["output"][-3000:]
+    rule_id, example = charged[0]
+    assert run["rules"][rule_id]["outcome"] == "error" and run["rc"] == 1
+    assert example["flaky"] and "flaky" in run["output"]
+
+
+@pytest.mark.slow
+def test_an_engine_that_kills_its_process_leaves_the_verdicts_so_far(runs) -> None:
+    run = runs["segfault"]
+    report = run["report"]
+    assert not report["complete"] and "SIGSEGV" in report["incomplete_reason"]
+    assert "INCOMPLETE" in run["output"]
+    example = _charged(run, "KV-POOL-014")
+    assert "the process died (SIGSEGV)" in example["message"] and not example["shrunk"]
+    assert any(step.startswith("ResetPrefixCache(") for step in example["steps"])
+    assert sum(1 for r in run["rules"].values() if r["outcome"] == "pass") > 10  # judged before the crash
+    replayed = _replay(example["replay"])
+    assert replayed.returncode == 1 and "died (SIGSEGV)" in replayed.stdout, replayed.stdout
+
+
+@pytest.mark.slow
+def test_a_hang_in_any_suite_is_ended_and_its_replay_fails_while_it_hangs(runs) -> None:
+    run = runs["store-hang"]
+    example = _charged(run, "KV-EXT-005")
+    assert "no answer within 1 s" in example["message"]
+    # The replay ends (its engine still sleeps for an hour) and fails; subprocess's timeout guards it.
+    replayed = _replay(example["replay"], timeout=600)
+    assert replayed.returncode == 1 and "no answer within 1 s" in replayed.stdout, replayed.stdout
+
+
+# -- options and output paths are validated before the run --------------------------------------------
+@pytest.mark.parametrize(("args", "message"), [
+    (["--step-timeout", "-1"], "--step-timeout must be positive"),
+    (["--max-examples", "0"], "--max-examples must be >= 1"),
+    (["--json", "{file}/report.json"], "--json"),
+    (["--replay-dir", "{file}/replays"], "--replay-dir"),
+    (["--expectations", "{tmp}/missing.toml"], "no such file"),
+    (["--expectations", "{bad}"], "not valid TOML"),
+    (["--engine", "collections:OrderedDict"], "lacks configure"),
+    (["--engine", "collections:OrderedDict", "--suite", "hybrid"], "is not a hybrid adapter"),
+    (["--engine", "gpu", "--suite", "hybrid"], "has no adapter for the hybrid suite; it has one for: lockstep"),
+    (["--engine", "no_such_module:Engine"], "cannot import no_such_module"),
+])
+def test_bad_options_exit_2_before_anything_runs(tmp_path: Path, args, message) -> None:
+    file = tmp_path / "a-file"
+    file.write_text("")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[expect]\nrule = ")
+    args = [a.format(file=file, tmp=tmp_path, bad=bad) for a in args]
+    done = _check(*args, "--max-examples" if "--max-examples" not in args else "--seed", "5", cwd=tmp_path)
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert message in done.stderr, done.stderr
+    assert "RESULT" not in done.stdout and "Traceback" not in done.stderr
+    assert "KV-HYB-003" not in done.stdout
+
+
+def test_without_suite_every_suite_the_adapter_offers_runs(tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    done = _check("--engine", "faulty_engines:HybridOnly", "--max-examples", "10", "--no-replay",
+                  "--json", str(report))
+    data = json.loads(report.read_text())
+    assert [s["suite"] for s in data["suites"]] == ["hybrid"], done.stdout + done.stderr
+    assert set(data["unsupported_suites"]) == {"lockstep", "hybrid-lifecycle", "external-store"}
+    assert "lacks" in data["unsupported_suites"]["lockstep"]
+
+
+def test_hypothesis_files_go_where_asked_never_into_the_current_directory(tmp_path: Path) -> None:
+    work, store = tmp_path / "work", tmp_path / "store"
+    work.mkdir()
+    done = _check("--suite", "hybrid", "--max-examples", "5", "--no-replay", "--hypothesis-dir", str(store),
+                  cwd=work)
+    assert "RESULT" in done.stdout, done.stdout + done.stderr
+    assert not (work / ".hypothesis").exists() and store.is_dir()
+    done = _check("--suite", "hybrid", "--max-examples", "5", "--no-replay", cwd=work)
+    assert "RESULT" in done.stdout, done.stdout + done.stderr
+    assert not (work / ".hypothesis").exists()
+
+
+def test_a_users_expectations_file_turns_a_failure_into_an_expected_one(tmp_path: Path) -> None:
+    expectations = tmp_path / "mine.toml"
+    expectations.write_text('[[expect]]\nrule = "KV-POOL-007"\nversions = ">=0"\nreason = "we free head first"\n'
+                            'suite = "lockstep"\n')
+    report = tmp_path / "r.json"
+    common = ["--engine", "broken_engines:ForwardFree", "--suite", "lockstep", "--max-examples", "60",
+              "--no-replay", "--json", str(report)]
+    without = _check(*common)
+    assert without.returncode == 1
+    with_file = _check(*common, "--expectations", str(expectations))
+    data = json.loads(report.read_text())
+    rule = next(r for r in data["rules"] if r["id"] == "KV-POOL-007")
+    assert rule["outcome"] == "expected-fail" and "we free head first" in rule["reason"]
+    assert with_file.returncode == 0, with_file.stdout[-3000:]
+
+
+@pytest.mark.slow
+def test_an_interrupted_run_reports_its_verdicts_marked_incomplete(tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    process = subprocess.Popen([*KVORACLE, "check", "--suite", "lockstep", "--max-examples", "100000",
+                                "--no-replay", "--json", str(report)], cwd=tmp_path, env=ENV,
+                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    assert process.stdout is not None
+    for line in process.stdout:
+        if "... 50 examples" in line:
+            break
+    process.send_signal(signal.SIGINT)
+    output = process.stdout.read()
+    assert process.wait(timeout=120) == 130, output
+    data = json.loads(report.read_text())
+    assert not data["complete"] and "interrupted" in data["incomplete_reason"]
+    assert sum(r["checks"] for r in data["rules"]) > 0
+    assert "INCOMPLETE" in output and "RESULT: INCOMPLETE" in output
+
+
+@pytest.mark.slow
+def test_correct_engines_are_never_charged_on_a_busy_machine(tmp_path: Path) -> None:
+    """kvoracle at a low priority, sharing one CPU with a process that never stops computing:
+    an engine call then waits about ten times as long as it computes. Measured in engine time,
+    no correct engine is charged; measured in wall time (the control), the same load charges
+    a hang to the correct engine whose calls compute longest. (In process, to spare the
+    worker's start-up at a tenth of a CPU: the supervisor does not time engine calls.)"""
+    if not EngineCaller(1.0).measures_engine_time:
+        pytest.skip("this kernel reports no per-thread scheduler statistics (/proc/self/task/*/schedstat)")
+    pin = ["taskset", "-c", str(min(os.sched_getaffinity(0)))]
+    burner = subprocess.Popen([*pin, sys.executable, "-c", "while True: pass"])
+    try:
+        def run(engine: str, clock: str) -> dict:
+            report = tmp_path / f"{engine.replace(':', '_')}-{clock}.json"
+            done = subprocess.run([*pin, "nice", "-n", "10", *KVORACLE, "check", "--engine", engine,
+                                   "--suite", "lockstep", "--max-examples", "4", "--steps", "12",
+                                   "--max-rounds", "1", "--step-timeout", "0.5", "--timeout-clock", clock,
+                                   "--no-replay", "--in-process", "--json", str(report)],
+                                  cwd=TESTS, env=ENV, capture_output=True, text=True, timeout=1500, check=False)
+            assert report.exists(), done.stdout[-2000:] + done.stderr[-2000:]
+            return json.loads(report.read_text())
+
+        for engine in ("reference", "broken_engines:RelabelledBlocks", "faulty_engines:SlowToConfigure"):
+            data = run(engine, "engine")
+            errors = {r["id"]: r["counterexamples"][0]["message"] for r in data["rules"] if r["outcome"] == "error"}
+            assert not errors, (engine, errors)
+            assert not any(r["outcome"] == "fail" for r in data["rules"]), engine
+        control = run("faulty_engines:SlowToConfigure", "wall")
+        hangs = [r["id"] for r in control["rules"] if r["outcome"] == "error"
+                 and "no answer within 0.5 s of wall time" in r["counterexamples"][0]["message"]]
+        assert hangs, "the control run was not slowed past its limit: the CPU was not busy enough"
+    finally:
+        burner.kill()
+
+
+# -- the pytest plugin ----------------------------------------------------------------------------
+def _plugin_run(tmp_path: Path, *extra: str) -> subprocess.CompletedProcess:
+    env = {**ENV, "TMPDIR": str(tmp_path)}
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "--kvoracle-engine",
+                           "reference", "--kvoracle-max-examples", "5", "--kvoracle-max-rounds", "1",
+                           "--kvoracle-replay-dir", str(tmp_path / "replays"), *extra],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
+def _counts(output: str) -> int:
+    import re
+    return sum(int(n) for n in re.findall(r"(\d+) (?:passed|failed|skipped|xfailed)", output.splitlines()[-1]))
+
+
+@pytest.mark.slow
+def test_the_pytest_plugin_runs_every_suite_and_splits_them_across_xdist_workers(tmp_path: Path) -> None:
+    from kvoracle.conformance.harness import registered_suites
+
+    scopes = {suite.name: len(suite.scope()) for suite in registered_suites()}
+    single = _plugin_run(tmp_path)
+    assert _counts(single.stdout) == sum(scopes.values()), single.stdout[-3000:]  # every suite's rules
+
+    workers = tmp_path / "xdist"
+    workers.mkdir()
+    split = _plugin_run(workers, "-n", "2", "--dist", "loadgroup")
+    assert _counts(split.stdout) == sum(scopes.values()), split.stdout[-3000:]
+    logs = list(workers.glob("kvoracle-pytest-*/runs.log"))
+    assert len(logs) == 1, split.stdout[-3000:]
+    ran = logs[0].read_text().split("\n")[:-1]
+    assert sorted(line.split()[0] for line in ran) == sorted(scopes), ran  # each suite once
+    assert len({line.split()[1] for line in ran}) == 2  # on both workers
+    assert not (tmp_path / ".hypothesis").exists() and not (workers / ".hypothesis").exists()
+
+
+# -- a suite's machine in an engine's own test suite -----------------------------------------------
+def test_a_suite_machine_runs_in_an_engines_own_tests_and_fails_on_a_hang() -> None:
+    import faulty_engines
+
+    from kvoracle.conformance.harness import RuleViolation, machine_for
+    from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
+
+    machine_for("hybrid", ReferenceHybridLookup, max_examples=10).TestCase("runTest").runTest()
+    hanging = machine_for("external-store", faulty_engines.HangsInStoreMask, step_timeout=0.5, max_examples=5)
+    with pytest.raises(RuleViolation) as raised:
+        hanging.TestCase("runTest").runTest()
+    assert raised.value.rule_id == "KV-EXT-005" and raised.value.hung
