@@ -20,8 +20,8 @@ counterexample, so the specific rules come before the catch-all):
   KV-HYB-002 (an answer of the kind over the blocks one group of a shared spec group has
   cached), and for a sliding window KV-SWA-001 (the whole answer of the loop with
   window + 1), KV-SWA-003 (a window of 1 answered with null blocks only), KV-SWA-004 (with
-  EAGLE: an EAGLE answer with its dropped block still on), KV-SWA-005 (without EAGLE: a
-  length off the alignment). Any other -- or one with several signatures -- is the kind's
+  EAGLE: an EAGLE answer with its dropped block still on, one real entry too many),
+  KV-SWA-005 (without EAGLE: a length off the alignment). Any other -- or one with several signatures -- is the kind's
   own rule: KV-CHUNK-001 (chunked local), KV-MAMBA-001 (Mamba), KV-SWA-002 (sliding
   window). An answer of the kind at another bound is the loop's to judge;
 * KV-HYB-002: the groups of one spec group, each answering its kind, answer alike (as
@@ -74,6 +74,7 @@ from kvoracle.reference.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from kvoracle.spec import hybrid as spec
+from kvoracle.spec import sliding_window
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
@@ -217,7 +218,7 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
         kind = draw(st.sampled_from(kinds), label="kind")
         scale = 1 if uniform or kind == spec.MAMBA else draw(st.sampled_from([1, 1, 2, 3, 4]), label="scale")
         drafts.append([kind, hash_size * scale, 0])
-    if count == 2 and draw(st.booleans(), label="full_and_other"):
+    if count == 2 and draw(st.integers(0, 2), label="full_and_other") > 0:
         # Full attention and one other group: the loop's single pass
         # (KV-HYB-005), in which the other group alone decides the hit -- a Mamba group
         # answering past the candidate (KV-MAMBA-002) or a window scan (KV-SWA-001).
@@ -245,9 +246,9 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
                 draft[0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="shrinking kind")
                 draft[1] = hash_size if draft[0] == spec.MAMBA else draft[1]
     windows = [d for d in drafts if d[0] == spec.SLIDING_WINDOW]
-    coarse = [d for d in drafts if d[0] == spec.FULL]
+    coarse = [d for d in drafts if d[0] in (spec.FULL, spec.SLIDING_WINDOW) and windows and d is not windows[0]]
     kept: list[list] = []
-    if not eagle and windows and coarse and draw(st.booleans(), label="fine_window"):
+    if not eagle and windows and coarse and draw(st.integers(0, 2), label="fine_window") > 0:
         # A sliding window finer than the alignment, without EAGLE: a run may then end only on
         # an aligned boundary, and a short run is rounded down (KV-SWA-005).
         windows[0][1] = hash_size
@@ -447,9 +448,12 @@ class HybridDriver(Driver):
                 named.append(("KV-SWA-003", lambda: bool(n) and nulls == n,
                               "every entry null, as if a window of 1 needed no cached block"))
             if eagle:
-                named.append(("KV-SWA-004", lambda: bool(n) and (n - 1, nulls) in spec_in.answers(index, (True,)),
-                              "an EAGLE lookup's answer with the block it drops still on (the run of need + 1 "
-                              "blocks kept whole)"))
+                # One real entry more than any lookup returns: the run of need + 1 blocks kept whole.
+                run = sliding_window.contiguous_blocks_needed(param, size, True)
+                named.append(("KV-SWA-004", lambda: nulls is not None and n - nulls == run
+                              and (n - 1, nulls) in spec_in.answers(index, (True,)),
+                              f"an EAGLE lookup's answer with the block it drops still on ({run} blocks, the "
+                              "run of cdiv(window - 1, block_size) + 1 kept whole)"))
             if not eagle and size != alignment:
                 named.append(("KV-SWA-005", lambda: (n * size) % alignment != 0,
                               f"{n * size} tokens, not a multiple of the alignment {alignment}"))
