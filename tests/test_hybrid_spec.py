@@ -270,3 +270,9 @@ def test_reference_per_group_lookup_reports_each_groups_own_hit() -> None:
     assert [sum(not b.is_null for b in group) for group in blocks] == [1, 2, 1]
     _, hit, _ = coordinator.find_longest_cache_hit(hashes, 32)
     assert hit == 4
+
+
+@given(st.lists(st.sampled_from(hybrid.LOOKUP_KINDS), min_size=1, max_size=4).map(tuple))
+def test_single_pass_is_exactly_two_spec_groups_one_of_them_full_attention(kinds) -> None:
+    """KV-HYB-005: the loop stops after its first pass only with two spec groups, one full."""
+    assert hybrid.single_pass(kinds) == (len(kinds) == 2 and hybrid.FULL in kinds)

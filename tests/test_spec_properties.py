@@ -151,6 +151,8 @@ TESTED = {
     "external_store.lookup_mask",
     "external_store.store_is_sufficient",
     "external_store.external_hit",
+    # KV-HYB-005: tests/test_hybrid_spec.py.
+    "hybrid.single_pass",
 }
 
 
