@@ -21,7 +21,8 @@ counterexample, so the specific rules come before the catch-all):
   cached), and for a sliding window KV-SWA-001 (the whole answer of the loop with
   window + 1), KV-SWA-003 (a window of 1 answered with null blocks only), KV-SWA-004 (with
   EAGLE: an EAGLE answer with its dropped block still on, one real entry too many),
-  KV-SWA-005 (without EAGLE: a length off the alignment). Any other -- or one with several signatures -- is the kind's
+  KV-SWA-005 (a length off the alignment; with EAGLE, whose drop moves the run's end, an answer
+  of a finder that ignores the alignment). Any other -- or one with several signatures -- is the kind's
   own rule: KV-CHUNK-001 (chunked local), KV-MAMBA-001 (Mamba), KV-SWA-002 (sliding
   window). An answer of the kind at another bound is the loop's to judge;
 * KV-HYB-002: the groups of one spec group, each answering its kind, answer alike (as
@@ -218,6 +219,13 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
         kind = draw(st.sampled_from(kinds), label="kind")
         scale = 1 if uniform or kind == spec.MAMBA else draw(st.sampled_from([1, 1, 2, 3, 4]), label="scale")
         drafts.append([kind, hash_size * scale, 0])
+    if eagle and not uniform and any(d[0] == spec.MAMBA for d in drafts) and draw(
+            st.booleans(), label="mamba_at_alignment"):
+        # With EAGLE a Mamba group is looked up at the candidate itself, the other groups one
+        # block past it (KV-MAMBA-002); the block past the candidate can be a Mamba state only
+        # where the alignment is the Mamba block: every group at the hash block size.
+        for draft in drafts:
+            draft[1] = hash_size
     if count == 2 and draw(st.integers(0, 2), label="full_and_other") > 0:
         # Full attention and one other group: the loop's single pass
         # (KV-HYB-005), in which the other group alone decides the hit -- a Mamba group
@@ -448,15 +456,20 @@ class HybridDriver(Driver):
                 named.append(("KV-SWA-003", lambda: bool(n) and nulls == n,
                               "every entry null, as if a window of 1 needed no cached block"))
             if eagle:
-                # One real entry more than any lookup returns: the run of need + 1 blocks kept whole.
-                run = sliding_window.contiguous_blocks_needed(param, size, True)
-                named.append(("KV-SWA-004", lambda: nulls is not None and n - nulls == run
+                # One real entry more than any lookup returns (at most cdiv(window - 1, b), and 1
+                # for a window of 1, KV-SWA-003): the run of need + 1 blocks kept whole. (With a
+                # window of 1 the kept run is what a lookup without the drop returns: no signature.)
+                most = max(sliding_window.contiguous_blocks_needed(param, size, False), 1)
+                named.append(("KV-SWA-004", lambda: nulls is not None and n - nulls == most + 1
                               and (n - 1, nulls) in spec_in.answers(index, (True,)),
-                              f"an EAGLE lookup's answer with the block it drops still on ({run} blocks, the "
-                              "run of cdiv(window - 1, block_size) + 1 kept whole)"))
-            if not eagle and size != alignment:
-                named.append(("KV-SWA-005", lambda: (n * size) % alignment != 0,
-                              f"{n * size} tokens, not a multiple of the alignment {alignment}"))
+                              f"an EAGLE lookup's answer with the block it drops still on ({most + 1} real "
+                              f"entries, where a lookup returns at most {most})"))
+            if size != alignment:
+                # A run ending off the alignment: a length no aligned lookup gives (without EAGLE),
+                # or (with EAGLE, whose drop moves the end) an answer of a lookup that ignores it.
+                named.append(("KV-SWA-005", lambda: (n * size) % alignment != 0 if not eagle else
+                              shape in spec_in.answers(index, (False, True), alignment=size),
+                              f"{n * size} tokens, an answer whose run ends off the alignment {alignment}"))
         matching = [] if valid else [rule_id for rule_id, signature, _ in named if signature()]
 
         def detail() -> str:
@@ -595,20 +608,30 @@ class _SpecInputs:
                 return False
         return True
 
-    def answers(self, index: int, drops: tuple[bool, ...], member: int | None = None
-                ) -> frozenset[tuple[int, int]]:
+    def answers(self, index: int, drops: tuple[bool, ...], member: int | None = None,
+                alignment: int | None = None) -> frozenset[tuple[int, int]]:
         """(entries, leading nulls) of every answer spec group ``index``'s finder gives, at every
         bound up to the larger of the lookup's bound and the hashed tokens, with each drop in
         ``drops``: whatever bound and drop a coordinator passes, its answer is one of these.
-        With ``member``, over the blocks that group alone has cached."""
+        With ``member``, over the blocks that group alone has cached; with ``alignment``, a
+        finder that aligns its answer to that instead of the lookup's alignment. With one spec
+        group the loop is one lookup at the bound, so only its answer there counts (one at
+        another bound is then the finder's error: no other pass could have asked for it)."""
+        size = self.flat[index][1]
+        if len(self.flat) == 1:  # one spec group: one lookup, at the loop's bound and drop
+            bound, drop = self.loop[4][index]
+            return frozenset({self.answer_at(index, bound, drop, member, alignment)})
+        return frozenset(self.answer_at(index, bound, drop, member, alignment) for drop in set(drops)
+                         for bound in range(0, max(self.bound, self.num_hashed) + 1, size))  # whole blocks
+
+    def answer_at(self, index: int, bound: int, drop: bool, member: int | None = None,
+                  alignment: int | None = None) -> tuple[int, int]:
+        """(entries, leading nulls) of spec group ``index``'s finder at ``bound`` with ``drop``."""
         kind, size, param, _ = self.flat[index]
         flags = self.cached[index] if member is None else self.member_flags(index, member)
-        found = set()
-        for drop in set(drops):
-            for bound in range(0, max(self.bound, self.num_hashed) + 1, size):  # finders read whole blocks
-                n = spec.group_hit_length(kind, flags, bound, size, param, drop, self.alignment) // size
-                found.add((n, spec.num_null_hit_blocks(kind, n, bound, drop, size, param)))
-        return frozenset(found)
+        align = self.alignment if alignment is None else alignment
+        n = spec.group_hit_length(kind, flags, bound, size, param, drop, align) // size
+        return n, spec.num_null_hit_blocks(kind, n, bound, drop, size, param)
 
 
 def _flags(flags: Sequence[bool]) -> str:

@@ -10,9 +10,13 @@ xfails as an expected failure, or fails as unexercised. The options mirror
 
 Under pytest-xdist a suite still runs once per test session, never once per worker:
 the first worker to need a suite's verdicts runs it while holding a lock in a
-directory shared by the session's workers, and the others read its report. Items
-are marked ``xdist_group(<suite>)``, so ``--dist loadgroup`` sends each suite to one
-worker and the suites run in parallel.
+directory shared by the session's workers, and the others read its report. An
+item's node id is ``::kvoracle::<suite>::<rule id>``, so ``--dist loadscope`` sends each
+suite's items to one worker and the suites run in parallel. (Items are also marked
+``xdist_group(<suite>)`` for ``--dist loadgroup``, but pytest-xdist 3.8 cannot apply that
+mark under pytest 9, whose node ids no longer come from the attribute it rewrites: there
+the items are spread item by item, each suite still runs once, and a worker may wait for
+another's run.)
 """
 
 from __future__ import annotations
@@ -160,6 +164,9 @@ class KvoracleRuleItem(pytest.Item):
         return Path("kvoracle"), None, f"kvoracle::{self.suite}::{self.rule_id}"
 
 
+# First, so that the rule items exist (with their xdist_group marks) before pytest-xdist's
+# own hook turns each mark into the node-id suffix that ``--dist loadgroup`` schedules by.
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(session: pytest.Session, config: pytest.Config,
                                   items: list[pytest.Item]) -> None:
     engine = _option(config, "engine")

@@ -357,7 +357,7 @@ def test_the_pytest_plugin_runs_every_suite_and_splits_them_across_xdist_workers
 
     workers = tmp_path / "xdist"
     workers.mkdir()
-    split = _plugin_run(workers, "-n", "2", "--dist", "loadgroup")
+    split = _plugin_run(workers, "-n", "2", "--dist", "loadscope")
     assert _counts(split.stdout) == sum(scopes.values()), split.stdout[-3000:]
     logs = list(workers.glob("kvoracle-pytest-*/runs.log"))
     assert len(logs) == 1, split.stdout[-3000:]
