@@ -37,12 +37,15 @@ check: $(STAMP)
 ## conformance run of every suite with a JSON report, CrossHair over the spec, and the real vLLM engine.
 test: $(STAMP) $(TORCH_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest
+	$(BIN)/pytest -n $(PYTEST_WORKERS)
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
 	bash scripts/crosshair_spec.sh
 	$(MAKE) test-vllm
 
 VENV_VLLM ?= .venv-vllm
+# pytest-xdist workers for `make test` (auto: one per core; the tests that run kvoracle in
+# child processes are spread over them too).
+PYTEST_WORKERS ?= auto
 
 ## vLLM 0.33.0 on CPU torch (scripts/install_vllm.sh), its adapters' tests, bounded lockstep and
 ## hybrid checks (400 lockstep examples: 100 let three broken vLLM engines through).

@@ -52,24 +52,14 @@ def test_judged_by_names_only_the_four_suites() -> None:
     assert all(set(rule.judged_by) <= set(SUITES) for rule in all_rules())
 
 
-def _requirements() -> dict[str, tuple[str, ...]]:
-    for module in ("kvoracle.conformance.verdicts", "kvoracle.conformance.harness.verdicts"):
-        try:
-            found = getattr(importlib.import_module(module), "REQUIREMENTS", None)
-        except ImportError:
-            continue
-        if found is not None:
-            return found
-    pytest.skip("conformance.verdicts.REQUIREMENTS no longer exists: the rules' needs are the only source")
+def test_the_rules_needs_are_the_only_table_of_needs() -> None:
+    """The conformance layer once kept its own table (``REQUIREMENTS``) of the capabilities
+    each rule needs; the rules' ``needs`` replaced it, and no second copy may drift from them."""
+    from kvoracle.conformance.harness import verdicts
 
-
-def test_needs_reproduce_the_verdicts_requirements() -> None:
-    requirements = _requirements()
-    differ = {rule_id: (needs, get_rule(rule_id).needs) for rule_id, needs in requirements.items()
-              if tuple(needs) != get_rule(rule_id).needs}
-    assert not differ, f"REQUIREMENTS vs rule.needs: {differ}"
-    extra = {rule.id: rule.needs for rule in all_rules() if rule.needs and rule.id not in requirements}
-    assert not extra, f"rules with needs that REQUIREMENTS does not list: {extra}"
+    assert not hasattr(verdicts, "REQUIREMENTS")
+    with pytest.raises(ImportError):
+        importlib.import_module("kvoracle.conformance.verdicts")
 
 
 def test_metadata_the_suites_rely_on() -> None:
