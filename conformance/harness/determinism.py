@@ -1,0 +1,48 @@
+"""The same seed draws the same examples, whatever else the process has imported.
+
+Hypothesis (from 6.131 on) mixes into its draws, now and then, literal constants it
+reads from the source of every *local* module loaded in the process -- modules that
+are not in the standard library or site-packages: kvoracle itself when installed
+editable, an engine's adapter module, the user's own code. The pool grows whenever
+such a module is imported, so one seed gave different examples under ``kvoracle
+check`` (which imports the command's module) than under ``run_suite`` in a script,
+and would give others again beside a different engine. A suite run is a
+measurement: its examples must depend on the seed, the suite and the engine's
+answers only. While a suite runs, :func:`independent_of_imports` hands Hypothesis an
+empty pool of local constants (its own fixed global constants still apply).
+
+Where Hypothesis has no such pool (older releases), there is nothing to pin.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+try:  # Hypothesis internals: absent before 6.131, and free to move
+    from hypothesis.internal.conjecture import providers as _providers
+except ImportError:  # pragma: no cover - depends on the installed Hypothesis
+    _providers = None  # type: ignore[assignment]
+
+
+def pins_local_constants() -> bool:
+    """Whether this Hypothesis has a local-constant pool that runs pin to empty."""
+    return _providers is not None and all(
+        hasattr(_providers, name) for name in ("_get_local_constants", "CONSTANTS_CACHE", "Constants"))
+
+
+@contextlib.contextmanager
+def independent_of_imports() -> Iterator[None]:
+    """Within the block, Hypothesis draws no constants from local modules."""
+    if not pins_local_constants():
+        yield
+        return
+    original = _providers._get_local_constants
+    empty = _providers.Constants()
+    _providers._get_local_constants = lambda: empty
+    _providers.CONSTANTS_CACHE.cache.clear()  # it caches the allowed constants per draw kind
+    try:
+        yield
+    finally:
+        _providers._get_local_constants = original
+        _providers.CONSTANTS_CACHE.cache.clear()
