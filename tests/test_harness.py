@@ -411,3 +411,14 @@ def test_a_seed_draws_the_same_examples_whatever_local_modules_are_loaded() -> N
     assert all(run.returncode == 0 for run in runs), [err[-2000:] for _, err in outputs]
     plain, with_command = (int(out.split()[-1]) for out, _ in outputs)
     assert plain == with_command
+
+
+def test_a_cut_short_run_with_rules_it_never_reached_is_incomplete_not_a_conviction() -> None:
+    from kvoracle.conformance.harness import RunOptions, run_suites
+    from kvoracle.conformance.harness.report import format_table
+
+    result = run_suites("reference", ["lockstep"], RunOptions(max_examples=1, max_rounds=1, replay_dir=None))
+    assert any(o.outcome == "unexercised" for o in result.runs[0].verdicts.outcomes.values())
+    assert format_table(result).endswith("RESULT: NOT CONFORMING")  # a whole run must reach every rule
+    result.incomplete = "lockstep: interrupted (SIGINT) during round 1"
+    assert format_table(result).endswith("RESULT: INCOMPLETE")

@@ -64,7 +64,7 @@ def test_the_data_rules_are_judged_only_for_an_engine_that_keeps_a_store() -> No
 
 
 def test_paged_reference_passes_the_hybrid_lifecycle_suite_with_every_data_rule() -> None:
-    result = run_suite(PagedHybridReferenceEngine, RunOptions(max_examples=120, replay_dir=None),
+    result = run_suite(PagedHybridReferenceEngine, RunOptions(max_examples=150, replay_dir=None),
                        suite="hybrid-lifecycle")
     outcomes = result.verdicts.outcomes
     assert result.ok, [(rule_id, o.outcome) for rule_id, o in outcomes.items()

@@ -19,6 +19,7 @@ from .verdicts import (
     ERROR,
     EXPECTED_FAIL,
     FAIL,
+    GOOD_OUTCOMES,
     NOT_APPLICABLE,
     PASS,
     UNEXERCISED,
@@ -116,8 +117,11 @@ def format_table(result: CheckResult) -> str:
         lines.append(f"{name}: not run ({reason})")
     if result.incomplete:
         lines.append(f"INCOMPLETE: {result.incomplete}; the verdicts above are those so far")
-    lines.append("RESULT: " + ("OK" if result.ok else "INCOMPLETE" if result.incomplete and all(
-        run.verdicts.ok() and not run.internal_errors for run in result.runs) else "NOT CONFORMING"))
+    # A cut-short run convicts only on what it found: a rule it had not reached yet is no failure.
+    convicted = any(run.internal_errors or any(o.outcome not in (*GOOD_OUTCOMES, UNEXERCISED)
+                                               for o in run.verdicts.outcomes.values()) for run in result.runs)
+    lines.append("RESULT: " + ("OK" if result.ok else "INCOMPLETE" if result.incomplete and not convicted
+                               else "NOT CONFORMING"))
     return "\n".join(lines)
 
 
