@@ -117,6 +117,14 @@ def test_unitary_hit(kind: str, cached: tuple[bool, ...], bound: int, size: int,
                                               len(cached) * size, size)[0]
 
 
+def test_unitary_chunked_hit_is_one_lookup_where_the_loop_would_go_on() -> None:
+    """Chunk 3, block 4, bound 8 (CrossHair's counterexample to the old postcondition): the
+    chunk starts at token 6, so block 0 is null and the unitary hit is 4 tokens; the loop would
+    look up again at 4, where the chunk starts at 3 and uncached block 0 ends the hit at 0."""
+    assert hybrid_spec.unitary_hit("chunked_local", (False,), 8, 4, 3, False) == 4
+    assert hybrid_spec.fixed_point((("chunked_local", 4, 3, False),), ((False,),), 8, 4, 4)[0] == 0
+
+
 def test_unitary_eagle_has_no_margin() -> None:
     """KV-HYB-014: with one group the EAGLE hit does not look past the bound."""
     cached = (True, True, True)
