@@ -47,7 +47,7 @@ def _run(engine: VllmEngine, request_id: str, prompt: tuple[int, ...]) -> tuple[
 
 def test_vllm_conforms_within_a_bounded_run(tmp_path: Path) -> None:
     expectations = expectations_for(VllmEngine(), "lockstep")
-    result = run_suite("vllm", RunOptions(max_examples=80, replay_dir=tmp_path),
+    result = run_suite("vllm", RunOptions(max_examples=120, replay_dir=tmp_path),
                        expectations=expectations, suite="lockstep")
     outcomes = {rule: o.outcome for rule, o in result.verdicts.outcomes.items()}
     assert result.engine_version.startswith("0.33.")
