@@ -437,23 +437,23 @@ class HybridDriver(Driver):
         kind, size, param, eagle = spec_in.flat[index]
         entries = got.block_ids[group_id]
         shape = (len(entries), _null_pattern(entries))
-        valid = shape == spec_in.answer(spec_in.loop, index) or shape in spec_in.answers(index, (False, eagle))
+
+        def answers_kind(group_entries: Sequence[int]) -> bool:
+            found = (len(group_entries), _null_pattern(group_entries))
+            return found == spec_in.answer(spec_in.loop, index) or found in spec_in.answers(index, (False, eagle))
+
+        valid = answers_kind(entries)
         n, nulls = shape
         alignment = spec_in.alignment
         #: (rule, whether the answer has the rule's signature, what the signature is)
         named: list[tuple[str, Callable[[], bool], str]] = []
         members = [g for i, g in spec_in.members if i == index]
-
-        def answers_kind(g: int) -> bool:
-            other = (len(got.block_ids[g]), _null_pattern(got.block_ids[g]))
-            return other == spec_in.answer(spec_in.loop, index) or other in spec_in.answers(index, (False, eagle))
-
         if members:
             # Another group of the spec group answers its kind, and this one otherwise: the groups
             # of one spec group disagree, whatever this group's own finder did.
             named.append(("KV-HYB-002", lambda: any(shape in spec_in.answers(index, (False, eagle), g)
                                                     for g in members)
-                          or any(_layout(got.block_ids[g]) != _layout(entries) and answers_kind(g)
+                          or any(_layout(got.block_ids[g]) != _layout(entries) and answers_kind(got.block_ids[g])
                                  for g in members if g != group_id),
                           f"an answer of its kind if a block need only be cached in one group of its spec "
                           f"group {members}, not in all of them, or unlike another group's of the spec group"))
