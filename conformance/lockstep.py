@@ -241,7 +241,7 @@ class LockstepDriver(Driver):
         config = self.config
         assert config is not None
         request = self.model.requests[step.request_id]
-        waiting = step.request_id not in self.model.manager.coordinator.requests()
+        waiting = step.request_id not in self.model.manager.requests()
         expected_hit = actual_hit = Lookup(((),), 0)
         if waiting:
             expected_hit, actual_hit = self._lookup(step.request_id, None)
@@ -253,11 +253,12 @@ class LockstepDriver(Driver):
 
         expected_new, actual_new = new_tokens(expected_hit.num_tokens), \
             new_tokens(actual_hit.num_tokens)
-        needed = self.model.manager.coordinator.num_blocks_to_allocate(
+        needed = self.model.manager.num_blocks_to_allocate(
             step.request_id,
             lifecycle.num_slots(computed, expected_hit.num_tokens,
                                 expected_new + step.num_draft_tokens,
                                 step.num_lookahead_tokens, config.max_model_len),
+            computed + expected_hit.num_tokens,
             tuple(tuple(self.model.manager.pool.blocks[i] for i in g)
                   for g in expected_hit.block_ids))
         free_before = self.model.manager.pool.num_free_blocks()

@@ -87,7 +87,7 @@ class LockstepMachine(SuiteMachine):
         return self.driver.config
 
     def _held(self) -> set[str]:
-        return self.model.manager.coordinator.requests()
+        return self.model.manager.requests()
 
     def _waiting(self) -> list[str]:
         held = self._held()

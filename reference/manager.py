@@ -1,4 +1,19 @@
-"""The reference ``KVCacheManager`` (spec chapter ``lifecycle``)."""
+"""The reference ``KVCacheManager`` (spec chapters ``lifecycle`` and ``hybrid_lifecycle``).
+
+One manager serves every model, as in vLLM, where one ``KVCacheManager`` holds whichever
+coordinator the model needs. Its KV-cache groups share one block pool; each group's block
+tables are a :class:`~.single_type.SingleTypeManager`, and lookups go through the
+coordinator (:class:`~.hybrid.HybridCoordinator`), which answers a model of one group with
+that group's own finder, as vLLM's unitary coordinator does (KV-HYB-014), and several
+groups with the hybrid fixed point. A model of one full-attention group -- the common case,
+:class:`~.config.ManagerConfig` -- is the unitary case of the same manager: one group,
+hashed at its block size.
+
+The order of one allocation is KV-HLC-001's: drop skipped blocks in every group, check the
+summed need, adopt every group's hit, allocate group by group, cache. A Mamba group is
+supported only with prefix caching off, in vLLM's "none" mode (KV-HLC-008); its "align"
+allocation is not specified (KV-MAMBA-003).
+"""
 
 from __future__ import annotations
 
@@ -9,20 +24,23 @@ import attrs
 import icontract
 
 from kvoracle.spec import block_pool as pool_spec
-from kvoracle.spec import config as config_spec
-from kvoracle.spec import full_attention as full_spec
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec import lifecycle
+from kvoracle.spec.config import ConfigError, require_non_negative
 
 from .block import KVCacheBlock
 from .config import ManagerConfig
 from .contracts import ENABLED
-from .coordinator import make_coordinator
+from .hybrid import HybridConfig, HybridCoordinator, _window_or_chunk
+from .kv_cache_spec import FullAttentionSpec, MambaSpec, SinkFullAttentionSpec
 from .request import Request
+from .single_type import SingleTypeManager
 
 
 @attrs.frozen
 class KVCacheBlocks:
-    """An allocation result: ``blocks[g]`` lists group ``g``'s blocks."""
+    """An allocation result or a hit: ``blocks[g]`` lists group ``g``'s blocks."""
 
     blocks: tuple[tuple[KVCacheBlock, ...], ...]
 
@@ -30,73 +48,122 @@ class KVCacheBlocks:
         return tuple(tuple(b.block_id for b in group) for group in self.blocks)
 
 
-def _state(manager: KVCacheManager) -> tuple:
-    """Everything observable about a manager, for before/after comparisons."""
-    pool = manager.pool
-    return (
-        pool.free_queue.block_ids(),
-        pool._ref_counts(),
-        tuple((key, tuple(blocks)) for key, blocks in pool.cached.items()),
-        tuple(sorted((rid, tuple(tuple(b.block_id for b in t) for t in
-                                 manager.coordinator.block_tables(rid)))
-                     for rid in manager.coordinator.requests())),
-    )
+def groups_config(config: ManagerConfig | HybridConfig) -> HybridConfig:
+    """The configuration as KV-cache groups: a :class:`ManagerConfig` is one full-attention group."""
+    if isinstance(config, HybridConfig):
+        return config
+    return HybridConfig((FullAttentionSpec(config.block_size),), config.num_blocks, config.max_model_len,
+                        config.hash_block_size, config.use_eagle, config.enable_caching)
 
 
-def _table_ids(manager: KVCacheManager, request_id: str) -> tuple[int, ...]:
-    return tuple(b.block_id for b in manager.coordinator.block_tables(request_id)[0])
+def _kind(kv_spec: object) -> str:
+    if isinstance(kv_spec, SinkFullAttentionSpec):
+        return hybrid_spec.FULL
+    return kv_spec.kind  # type: ignore[attr-defined, no-any-return]
 
 
+# -- contracts -------------------------------------------------------------------------------
 def _refcounts_balanced(manager: KVCacheManager) -> bool:
-    occurrences = Counter(
-        b.block_id for m in manager.coordinator.managers
-        for table in m.req_to_blocks.values() for b in table)
+    occurrences = Counter(b.block_id for group in manager.groups for table in group.req_to_blocks.values()
+                          for b in table if not b.is_null)
     pool = manager.pool
     # The pool's non-public reader: a public call would re-check the pool's invariants.
     return pool_spec.refcounts_balanced(
         pool._ref_counts(), tuple(occurrences.get(i, 0) for i in range(pool.num_blocks)))
 
 
-def _hit_is_valid(manager: KVCacheManager, request: Request, max_length: int,
-                  result: tuple[KVCacheBlocks, int]) -> bool:
+def _nulls_placed(manager: KVCacheManager) -> bool:
+    return all(spec.table_nulls_ok(group.kind, tuple(b.is_null for b in table))
+               for group in manager.groups for table in group.req_to_blocks.values())
+
+
+def _state(manager: KVCacheManager) -> tuple:
+    """Everything observable about a manager, for before/after comparisons."""
+    pool = manager.pool
+    return (pool.free_queue.block_ids(), pool._ref_counts(),
+            tuple((key, tuple(blocks)) for key, blocks in pool.cached.items()),
+            manager.tables())
+
+
+def _hit_is_valid(manager: KVCacheManager, bound: int, result: tuple[KVCacheBlocks, int]) -> bool:
+    """Within the bound, aligned, and each group holding the entries that cover it."""
     blocks, length = result
-    size = manager.config.block_size
-    return (length == len(blocks.blocks[0]) * size
-            and length == full_spec.align_hit(length, size)
-            and 0 <= length <= max(max_length, 0))
+    sizes = [s.block_size for s in manager.config.kv_cache_specs]
+    alignment = sizes[0] if len(sizes) == 1 else manager.config.scheduler_block_size
+    full_groups_cover = all(len(group) == lifecycle.cdiv(length, size)
+                            for group, size, g in zip(blocks.blocks, sizes, manager.groups)
+                            if g.kind == hybrid_spec.FULL)
+    return 0 <= length <= max(bound, 0) and length % alignment == 0 and full_groups_cover
 
 
-def _num_cached(manager: KVCacheManager, request_id: str) -> int:
-    return manager.coordinator.manager.num_cached_block.get(request_id, 0)
+def _grown_by(manager: KVCacheManager, request_id: str, old: tuple, hits: KVCacheBlocks | None,
+              result: KVCacheBlocks) -> bool:
+    """KV-LIFE-005/KV-LIFE-014: a full-attention table is the old table, then the adopted hit,
+    then the new blocks (windowed tables also turn skipped blocks into nulls)."""
+    new = manager.get_block_ids(request_id)
+    adopted = hits.get_block_ids() if hits is not None else tuple(() for _ in manager.groups)
+    return all(new[g] == old[g] + (adopted[g] if not old[g] else ()) + result.get_block_ids()[g]
+               for g, group in enumerate(manager.groups) if group.kind == hybrid_spec.FULL)
 
 
-def _cached_prefix_ok(manager: KVCacheManager, request: Request, cache_tokens: int,
-                      first: int) -> bool:
-    """KV-LIFE-007: blocks ``first`` .. num_full_blocks_to_cache carry their own keys."""
-    config = manager.config
-    table = manager.coordinator.block_tables(request.request_id)[0]
-    num_full = lifecycle.num_full_blocks_to_cache(
-        cache_tokens, len(request.block_hashes), config.hash_block_size, config.block_size)
-    scale = config.block_size // config.hash_block_size
-    return all(
-        table[j].cache_key == (request.block_hashes[(j + 1) * scale - 1], 0)
-        for j in range(first, min(num_full, len(table))))
+def _within_model_length(manager: KVCacheManager, request_id: str) -> bool:
+    """KV-LIFE-015: no attention group holds more blocks than max_model_len tokens need."""
+    return all(len(group.req_to_blocks.get(request_id, ())) <= lifecycle.cdiv(
+        manager.config.max_model_len, group.block_size)
+        for group in manager.groups
+        if group.kind in (hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.CHUNKED_LOCAL))
+
+
+def _cached_as_specified(manager: KVCacheManager, request: Request, OLD: object) -> bool:
+    """KV-LIFE-007 / KV-HLC-005: each group's newly committed blocks carry their keys."""
+    for group, before in zip(manager.groups, OLD.num_cached):  # type: ignore[attr-defined]
+        after = group.num_cached_block.get(request.request_id, 0)
+        table = group.req_to_blocks.get(request.request_id, [])
+        for i in spec.blocks_to_cache(group.kind, group.param, before, after, group.block_size, group.alignment,
+                                      group.eagle, tuple(b.is_null for b in table)):
+            key = (manager.coordinator.view_hash(request.block_hashes, group.block_size, i), group.group_id)
+            if table[i].cache_key != key:
+                return False
+    return True
 
 
 @icontract.invariant(lambda self: _refcounts_balanced(self),
                      "KV-POOL-011: each block's ref count equals its block-table occurrences",
                      enabled=ENABLED)
-@icontract.invariant(lambda self: all(not b.is_null for m in self.coordinator.managers
-                                      for t in m.req_to_blocks.values() for b in t),
-                     "KV-POOL-002: no null block in a full-attention block table",
+@icontract.invariant(lambda self: _nulls_placed(self),
+                     "KV-HYB-013: no null in full or cross tables, nulls only as a windowed prefix",
                      enabled=ENABLED)
 class KVCacheManager:
-    """The KV-cache manager a scheduler talks to."""
+    """The KV-cache manager a scheduler talks to, over one or several KV-cache groups.
 
-    def __init__(self, config: ManagerConfig) -> None:
+    ``coordinator_class`` answers the lookups and ``group_class`` holds each group's tables:
+    a variant (a broken engine of the meta-tests) subclasses the manager and replaces them.
+    """
+
+    coordinator_class: type[HybridCoordinator] = HybridCoordinator
+    group_class: type[SingleTypeManager] = SingleTypeManager
+
+    def __init__(self, config: ManagerConfig | HybridConfig) -> None:
+        config = groups_config(config)
+        for index, kv_spec in enumerate(config.kv_cache_specs):
+            if isinstance(kv_spec, MambaSpec) and (config.enable_caching or kv_spec.mamba_cache_mode != "none"):
+                raise ConfigError("KV-MAMBA-003", f"kv_cache_specs[{index}]",
+                                  "Mamba allocation is specified only with prefix caching off and "
+                                  "mamba_cache_mode='none' (KV-HLC-008); 'align' mode is not")
+        if len(config.kv_cache_specs) == 1 and config.enable_caching and \
+                config.kv_cache_specs[0].block_size != config.hash_block_size:
+            raise ConfigError("KV-HYB-001", "hash_block_size",
+                              "a model with one KV-cache group hashes at its block size "
+                              f"{config.kv_cache_specs[0].block_size}, not {config.hash_block_size}")
         self.config = config
-        self.coordinator = make_coordinator(config)
+        self.coordinator = self.coordinator_class(config)
         self.pool = self.coordinator.pool
+        self.groups = tuple(
+            self.group_class(group_id, _kind(kv_spec), kv_spec.block_size, _window_or_chunk(kv_spec),
+                             self.pool, self.coordinator,
+                             eagle=config.use_eagle and kv_spec.kind != hybrid_spec.CHUNKED_LOCAL,
+                             num_speculative_blocks=getattr(kv_spec, "num_speculative_blocks", 0))
+            for group_id, kv_spec in enumerate(config.kv_cache_specs))
 
     @property
     def usage(self) -> float:
@@ -104,112 +171,128 @@ class KVCacheManager:
 
     # -- lookup ----------------------------------------------------------------------
     @icontract.ensure(lambda self, request, max_cache_hit_length, result: _hit_is_valid(
-        self, request, request.num_tokens - 1 if max_cache_hit_length is None
+        self, lifecycle.max_cache_hit_length(request.num_tokens) if max_cache_hit_length is None
         else max_cache_hit_length, result),
-        "KV-LIFE-001/KV-FULL-004: the hit is block-aligned and within max_cache_hit_length",
-        enabled=ENABLED)
+        "KV-LIFE-001/KV-FULL-004: the hit is aligned, within max_cache_hit_length, and every "
+        "full-attention group holds the blocks that cover it", enabled=ENABLED)
     @icontract.ensure(lambda self, result: self.config.enable_caching or result[1] == 0,
                       "KV-LIFE-002: no hit without prefix caching", enabled=ENABLED)
     def get_computed_blocks(self, request: Request, max_cache_hit_length: int | None = None
                             ) -> tuple[KVCacheBlocks, int]:
-        """The longest prefix-cache hit of a waiting request."""
+        """The longest prefix-cache hit of a waiting request, per group (KV-HYB-003)."""
         if not self.config.enable_caching or request.skip_reading_prefix_cache:
-            return KVCacheBlocks(((),)), 0
+            return KVCacheBlocks(tuple(() for _ in self.groups)), 0  # KV-LIFE-002
         if max_cache_hit_length is None:
             max_cache_hit_length = lifecycle.max_cache_hit_length(request.num_tokens)
-        config_spec.require_non_negative("max_cache_hit_length", max_cache_hit_length)
-        groups, length = self.coordinator.find_longest_cache_hit(
-            request.block_hashes, max_cache_hit_length)
-        return KVCacheBlocks(tuple(tuple(g) for g in groups)), length
+        require_non_negative("max_cache_hit_length", max_cache_hit_length)
+        blocks, length, _ = self.coordinator.find_longest_cache_hit(request.block_hashes, max_cache_hit_length)
+        return KVCacheBlocks(tuple(tuple(g) for g in blocks)), length
 
-    # -- allocation ------------------------------------------------------------------
-    @icontract.snapshot(lambda self: _state(self), name="state", enabled=ENABLED)
-    @icontract.snapshot(lambda self, request: _table_ids(self, request.request_id),
-                        name="table", enabled=ENABLED)
-    @icontract.snapshot(lambda self, request, new_computed_blocks: _num_cached(
-        self, request.request_id) or len(new_computed_blocks.blocks[0] if new_computed_blocks
-                                         else ()), name="num_cached", enabled=ENABLED)
-    @icontract.ensure(lambda self, result, OLD: result is not None or _state(self) == OLD.state,
-                      "KV-LIFE-004: a failed allocation changes nothing", enabled=ENABLED)
-    @icontract.ensure(lambda self, request, new_computed_blocks, result, OLD: result is None
-                      or _table_ids(self, request.request_id) == OLD.table + tuple(
-                          b.block_id for b in (new_computed_blocks.blocks[0]
-                                               if new_computed_blocks else ()))
-                      + result.get_block_ids()[0],
-                      "KV-LIFE-005/KV-LIFE-014: table = old table + hits + new blocks",
-                      enabled=ENABLED)
-    @icontract.ensure(lambda self, request, result: result is None or len(
-        _table_ids(self, request.request_id)) <= lifecycle.cdiv(
-            self.config.max_model_len, self.config.block_size),
-        "KV-LIFE-015: no more blocks than max_model_len needs", enabled=ENABLED)
-    @icontract.ensure(lambda self, request, num_new_tokens, num_new_computed_tokens,
-                      delay_cache_blocks, result, OLD: result is None or delay_cache_blocks
-                      or not self.config.enable_caching or _cached_prefix_ok(
-                          self, request, lifecycle.num_tokens_to_cache(
-                              request.num_computed_tokens, num_new_computed_tokens,
-                              num_new_tokens, request.num_tokens), OLD.num_cached),
-                      "KV-LIFE-007: every committed full block is cached under its key",
-                      enabled=ENABLED)
-    def allocate_slots(
-        self,
-        request: Request,
-        num_new_tokens: int,
-        num_new_computed_tokens: int = 0,
-        new_computed_blocks: KVCacheBlocks | None = None,
-        num_lookahead_tokens: int = 0,
-        delay_cache_blocks: bool = False,
-        num_encoder_tokens: int = 0,
-    ) -> KVCacheBlocks | None:
-        """Give ``request`` slots for its hit, its new tokens and its lookahead tokens.
+    # -- allocation (KV-HLC-001) -----------------------------------------------------
+    @icontract.snapshot(lambda self, request: self.get_block_ids(request.request_id), name="table",
+                        enabled=ENABLED)
+    @icontract.ensure(lambda self, request, new_computed_blocks, result, OLD: result is None or _grown_by(
+        self, request.request_id, OLD.table, new_computed_blocks, result),
+        "KV-LIFE-005/KV-LIFE-014: a full-attention table = old table + hits + new blocks", enabled=ENABLED)
+    @icontract.ensure(lambda self, request, result: result is None or _within_model_length(
+        self, request.request_id), "KV-LIFE-015: no more blocks than max_model_len needs", enabled=ENABLED)
+    def allocate_slots(self, request: Request, num_new_tokens: int, num_new_computed_tokens: int = 0,
+                       new_computed_blocks: KVCacheBlocks | None = None, num_lookahead_tokens: int = 0,
+                       delay_cache_blocks: bool = False, num_encoder_tokens: int = 0
+                       ) -> KVCacheBlocks | None:
+        """Slots for the hit, the new tokens and the lookahead tokens, in every group.
 
-        ``num_encoder_tokens`` must be 0: one full-attention group has no cross attention.
+        ``num_encoder_tokens`` sizes a cross-attention group (KV-CROSS-001); a model without
+        one must be given 0.
         """
-        if num_encoder_tokens:
-            raise ValueError("KV-CROSS-001: num_encoder_tokens needs a cross-attention group; "
-                             f"this manager has one full-attention group (got {num_encoder_tokens})")
         for name, value in (("num_new_tokens", num_new_tokens),
                             ("num_new_computed_tokens", num_new_computed_tokens),
-                            ("num_lookahead_tokens", num_lookahead_tokens)):
-            config_spec.require_non_negative(name, value)
+                            ("num_lookahead_tokens", num_lookahead_tokens),
+                            ("num_encoder_tokens", num_encoder_tokens)):
+            require_non_negative(name, value)
+        if num_encoder_tokens and not any(g.kind == spec.CROSS_ATTENTION for g in self.groups):
+            raise ValueError("KV-CROSS-001: num_encoder_tokens needs a cross-attention group; "
+                             f"this model has none (got {num_encoder_tokens})")
         if lifecycle.allocation_is_empty(num_new_tokens, num_new_computed_tokens):
             raise ValueError("KV-LIFE-013: num_new_tokens must be > 0 when no computed "
                              "tokens are adopted")
-        hits: tuple[Sequence[KVCacheBlock], ...] = (
-            new_computed_blocks.blocks if new_computed_blocks is not None
-            else tuple(() for _ in self.coordinator.managers))
-        coordinator = self.coordinator
-        if coordinator.is_tracked(request.request_id) and any(hits):
+        hits = new_computed_blocks.blocks if new_computed_blocks is not None and any(
+            new_computed_blocks.blocks) else None
+        if hits is not None and self.is_tracked(request.request_id):
             raise ValueError("a running request cannot adopt new prefix-cache hits")
+        computed = min(request.num_computed_tokens + num_new_computed_tokens, self.config.max_model_len)
+        slots = lifecycle.num_slots(request.num_computed_tokens, num_new_computed_tokens, num_new_tokens,
+                                    num_lookahead_tokens, self.config.max_model_len)
+        for group in self.groups:  # KV-SWA-008: before the capacity check
+            group.remove_skipped_blocks(request.request_id, computed)
+        result = self._allocate(request, slots, computed, hits, num_encoder_tokens)
+        if result is not None and not delay_cache_blocks and self.config.enable_caching:  # KV-LIFE-008
+            self._cache(request, lifecycle.num_tokens_to_cache(
+                request.num_computed_tokens, num_new_computed_tokens, num_new_tokens, request.num_tokens))
+        return result
 
-        slots = lifecycle.num_slots(request.num_computed_tokens, num_new_computed_tokens,
-                                    num_new_tokens, num_lookahead_tokens,
-                                    self.config.max_model_len)
-        needed = coordinator.num_blocks_to_allocate(request.request_id, slots, hits)
-        if needed > len(self.pool.free_queue):
+    def num_blocks_to_allocate(self, request_id: str, slots: int, computed: int,
+                               hits: tuple[Sequence[KVCacheBlock], ...] | None, num_encoder_tokens: int = 0
+                               ) -> int:
+        """KV-LIFE-003 / KV-HYB-012: the free blocks an allocation consumes, the groups' needs
+        summed (a cross-attention group sized by the encoder)."""
+        total = 0
+        for index, group in enumerate(self.groups):
+            if group.kind == spec.CROSS_ATTENTION:
+                total += group.blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
+            else:
+                total += group.blocks_to_allocate(request_id, slots, hits[index] if hits else (), computed)
+        return total
+
+    @icontract.snapshot(lambda self: _state(self), name="state", enabled=ENABLED)
+    @icontract.snapshot(lambda self, request, slots, computed, hits, num_encoder_tokens: (
+        self.num_blocks_to_allocate(request.request_id, slots, computed, hits, num_encoder_tokens),
+        self.pool.num_free_blocks()), name="need", enabled=ENABLED)
+    @icontract.ensure(lambda result, OLD: (result is None) == (OLD.need[0] > OLD.need[1]),
+                      "KV-HYB-012: the allocation fails iff the summed need exceeds the free blocks",
+                      enabled=ENABLED)
+    @icontract.ensure(lambda self, result, OLD: result is not None or _state(self) == OLD.state,
+                      "KV-SWA-008/KV-LIFE-004: past the skipped blocks, a failed allocation changes nothing",
+                      enabled=ENABLED)
+    @icontract.ensure(lambda self, result, OLD: result is None
+                      or self.pool.num_free_blocks() == OLD.need[1] - OLD.need[0],
+                      "KV-HLC-002: the allocation consumes exactly the summed need", enabled=ENABLED)
+    def _allocate(self, request: Request, slots: int, computed: int,
+                  hits: tuple[Sequence[KVCacheBlock], ...] | None, num_encoder_tokens: int
+                  ) -> KVCacheBlocks | None:
+        if self.num_blocks_to_allocate(request.request_id, slots, computed, hits, num_encoder_tokens) > \
+                self.pool.num_free_blocks():
             return None  # KV-LIFE-003 / KV-LIFE-004
+        if hits is not None:
+            for group, group_hits in zip(self.groups, hits):  # every group before any allocates
+                group.adopt_hit(request.request_id, group_hits, computed)
+        return KVCacheBlocks(tuple(
+            tuple(group.allocate_new_blocks(
+                request.request_id, num_encoder_tokens if group.kind == spec.CROSS_ATTENTION else slots))
+            for group in self.groups))
 
-        if any(hits):
-            coordinator.add_computed_blocks(request.request_id, hits)
-        new_blocks = coordinator.allocate_new_blocks(request.request_id, slots)
-
-        if not delay_cache_blocks:  # KV-LIFE-008
-            coordinator.cache_blocks(request, lifecycle.num_tokens_to_cache(
-                request.num_computed_tokens, num_new_computed_tokens, num_new_tokens,
-                request.num_tokens))
-        return KVCacheBlocks(tuple(tuple(g) for g in new_blocks))
+    @icontract.snapshot(lambda self, request: tuple(
+        g.num_cached_block.get(request.request_id, 0) for g in self.groups), name="num_cached", enabled=ENABLED)
+    @icontract.ensure(lambda self, request, OLD: _cached_as_specified(self, request, OLD),
+                      "KV-LIFE-007/KV-HLC-005: every reachable committed block is cached under its key",
+                      enabled=ENABLED)
+    def _cache(self, request: Request, num_tokens: int) -> None:
+        for group in self.groups:
+            if group.kind != spec.CROSS_ATTENTION:
+                group.cache_blocks(request, num_tokens)
 
     # -- release ---------------------------------------------------------------------
-    @icontract.ensure(lambda self, request: request.request_id not in self.coordinator.requests(),
+    @icontract.ensure(lambda self, request: request.request_id not in self.requests(),
                       "KV-LIFE-009: free forgets the request", enabled=ENABLED)
     def free(self, request: Request) -> None:
-        self.coordinator.free(request.request_id)
+        for group in self.groups:  # KV-HLC-004: group by group
+            group.free(request.request_id)
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         block_ids = list(block_ids)
         for block_id in block_ids:
             if not isinstance(block_id, int) or not 0 <= block_id < self.config.num_blocks:
-                raise ValueError(f"KV-POOL-013: block id {block_id!r} is not in "
-                                 f"0..{self.config.num_blocks - 1}")
+                raise ValueError(f"KV-POOL-013: block id {block_id!r} is not in 0..{self.config.num_blocks - 1}")
         self.pool.evict_blocks(block_ids)
 
     def reset_prefix_cache(self) -> bool:
@@ -218,16 +301,23 @@ class KVCacheManager:
     # -- queries ---------------------------------------------------------------------
     def get_num_common_prefix_blocks(self, request_id: str) -> list[int]:
         """KV-LIFE-010: vLLM 0.33.0 removed cascade attention; always 0 per group."""
-        return [0 for _ in self.coordinator.managers]
+        return [0 for _ in self.groups]
 
     def get_num_common_prefix_blocks_cascade(self, request_id: str) -> list[int]:
         """KV-LIFE-011: the seed's cascade-attention count, per group."""
-        return [m.num_common_prefix_blocks(request_id) for m in self.coordinator.managers]
+        return [group.num_common_prefix_blocks(request_id) for group in self.groups]
+
+    def is_tracked(self, request_id: str) -> bool:
+        """Whether the request adopted its hit or cached a block already (a running request)."""
+        return any(request_id in group.num_cached_block for group in self.groups)
 
     def requests(self) -> set[str]:
-        """Requests holding a block table."""
-        return self.coordinator.requests()
+        """Requests holding at least one table entry in some group."""
+        return {rid for group in self.groups for rid, table in group.req_to_blocks.items() if table}
 
     def get_block_ids(self, request_id: str) -> tuple[tuple[int, ...], ...]:
-        return tuple(tuple(b.block_id for b in t)
-                     for t in self.coordinator.block_tables(request_id))
+        return tuple(tuple(b.block_id for b in group.req_to_blocks.get(request_id, ()))
+                     for group in self.groups)
+
+    def tables(self) -> tuple:
+        return tuple(sorted((rid, self.get_block_ids(rid)) for rid in self.requests()))

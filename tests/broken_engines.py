@@ -7,6 +7,7 @@ behaviour replaced; ``EXPECTED`` maps the engine to the rule that must fail.
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Sequence
 
@@ -14,38 +15,38 @@ import attrs
 
 from kvoracle.conformance.adapter import Lookup, Observation
 from kvoracle.conformance.engines.reference import ReferenceEngine
-from kvoracle.reference import BlockPool, FullAttentionManager, KVCacheManager
+from kvoracle.reference import BlockPool, HybridCoordinator, KVCacheManager, SingleTypeManager
 from kvoracle.reference.block import KVCacheBlock
-from kvoracle.spec import lifecycle
-
-
-def _patch_manager(engine: ReferenceEngine, manager_class: type[FullAttentionManager] | None = None,
-                   pool_class: type[BlockPool] | None = None) -> KVCacheManager:
-    """Rebuild ``engine.manager``'s single-type manager and pool from broken classes."""
-    manager = engine.manager
-    assert manager is not None and engine.config is not None
-    coordinator = manager.coordinator
-    if pool_class is not None:
-        coordinator.pool = manager.pool = pool_class(engine.config.num_blocks,
-                                                     engine.config.enable_caching)
-    if manager_class is not None or pool_class is not None:
-        cls = manager_class or type(coordinator.manager)
-        coordinator.manager = cls(engine.config.block_size, coordinator.pool, group_id=0)
-        coordinator.managers = (coordinator.manager,)
-    return manager
+from kvoracle.spec import hybrid_lifecycle as lifecycle_spec
 
 
 class _Broken(ReferenceEngine):
-    manager_class: type[FullAttentionManager] | None = None
+    """The reference adapter over a manager with one broken piece: its single-type managers
+    (``group_class``), its lookups (``coordinator_class``) or its block pool (``pool_class``)."""
+
+    group_class: type[SingleTypeManager] = SingleTypeManager
+    coordinator_class: type[HybridCoordinator] = HybridCoordinator
     pool_class: type[BlockPool] | None = None
 
-    def configure(self, config) -> None:
-        super().configure(config)
-        _patch_manager(self, self.manager_class, self.pool_class)
+    def make_manager(self, config) -> KVCacheManager:
+        manager_class = type("BrokenManager", (KVCacheManager,), {
+            "group_class": self.group_class, "coordinator_class": self.coordinator_class})
+        manager = manager_class(config)
+        if self.pool_class is not None:  # the pool is still empty: swap it everywhere it is held
+            pool = self.pool_class(config.num_blocks, config.enable_caching)
+            manager.pool = manager.coordinator.pool = pool
+            for group in manager.groups:
+                group.pool = pool
+        return manager
+
+
+# The coordinator's lookup without its own postconditions: the suite, not the reference's
+# contracts, must catch what a broken lookup answers.
+_LOOKUP = inspect.unwrap(HybridCoordinator.find_longest_cache_hit)
 
 
 # -- 1. frees a request's blocks head first --------------------------------------------------
-class _ForwardFreeManager(FullAttentionManager):
+class _ForwardFreeManager(SingleTypeManager):
     def free(self, request_id: str) -> None:
         table = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
@@ -54,53 +55,49 @@ class _ForwardFreeManager(FullAttentionManager):
 
 class ForwardFree(_Broken):
     name = "broken-forward-free"
-    manager_class = _ForwardFreeManager
+    group_class = _ForwardFreeManager
 
 
 # -- 2. forgets that touching a free hit consumes a free block -------------------------------
-class _NoEvictableHitsManager(FullAttentionManager):
-    def num_blocks_to_allocate(self, request_id: str, num_tokens: int,
-                               new_computed_blocks: Sequence[KVCacheBlock]) -> int:
-        return lifecycle.num_blocks_to_allocate(  # bug: evictable hits counted as 0
-            num_tokens, self.block_size, len(self.req_to_blocks.get(request_id, ())),
-            len(new_computed_blocks), 0)
+class _NoEvictableHitsManager(SingleTypeManager):
+    def blocks_to_allocate(self, request_id: str, num_tokens: int, hits: Sequence[KVCacheBlock],
+                           num_computed_tokens: int) -> int:
+        return lifecycle_spec.group_blocks_to_allocate(  # bug: no hit is counted as evictable
+            self.slots(num_tokens), self.block_size, len(self.req_to_blocks.get(request_id, ())),
+            tuple(False for _ in hits), self.skipped_tokens(num_computed_tokens),
+            request_id in self.num_cached_block)
 
 
 class ForgetsEvictableHits(_Broken):
     name = "broken-forgets-evictable-hits"
-    manager_class = _NoEvictableHitsManager
+    group_class = _NoEvictableHitsManager
 
 
 # -- 3. the hit is one block short ----------------------------------------------------------
-class _ShortHitManager(FullAttentionManager):
-    def find_longest_cache_hit(self, block_hashes, max_length, use_eagle):
-        hit, _ = super().find_longest_cache_hit(block_hashes, max_length, use_eagle)
-        hit = hit[:-1]  # bug: off by one block
-        return hit, len(hit) * self.block_size
+class _ShortHitCoordinator(HybridCoordinator):
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        blocks, hit, uncached = _LOOKUP(self, block_hashes, max_cache_hit_length)
+        if not blocks[0]:
+            return blocks, hit, uncached
+        size = self.config.kv_cache_specs[0].block_size
+        return (blocks[0][:-1], *blocks[1:]), hit - size, uncached  # bug: off by one block
 
 
 class HitOneBlockShort(_Broken):
     name = "broken-hit-one-block-short"
-    manager_class = _ShortHitManager
+    coordinator_class = _ShortHitCoordinator
 
 
 # -- 4. the lookup bound is off by one block ------------------------------------------------
-class _PastBoundManager(FullAttentionManager):
-    def find_longest_cache_hit(self, block_hashes, max_length, use_eagle):
-        hit = []
-        for block_hash in block_hashes[: max_length // self.block_size + 1]:  # bug: + 1
-            block = self.pool.get_cached_block((block_hash, self.group_id))
-            if block is None:
-                break
-            hit.append(block)
-        if use_eagle and hit:
-            hit.pop()
-        return hit, len(hit) * self.block_size
+class _PastBoundCoordinator(HybridCoordinator):
+    def find_longest_cache_hit(self, block_hashes, max_cache_hit_length):
+        size = self.config.kv_cache_specs[0].block_size
+        return _LOOKUP(self, block_hashes, max_cache_hit_length + size)  # bug: one block past
 
 
 class HitPastBound(_Broken):
     name = "broken-hit-past-bound"
-    manager_class = _PastBoundManager
+    coordinator_class = _PastBoundCoordinator
 
 
 # -- 5. touch leaves free hits in the free queue (a referenced block can be evicted) ---------

@@ -16,9 +16,9 @@ from collections.abc import Sequence
 
 from kvoracle.conformance.hybrid_lifecycle import ReferenceHybridLifecycle
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
+from kvoracle.reference import KVCacheManager
 from kvoracle.reference.block import KVCacheBlock
 from kvoracle.reference.hybrid import HybridConfig, HybridCoordinator, SpecGroup
-from kvoracle.reference.hybrid_manager import HybridKVCacheManager
 from kvoracle.spec import hybrid as spec
 from kvoracle.spec import hybrid_lifecycle as lifecycle_spec
 from kvoracle.spec import mamba, sliding_window
@@ -247,7 +247,7 @@ class NoSinglePassStop(ReferenceHybridLookup):
 
 
 # -- KV-CROSS-002: cross-attention blocks cached ----------------------------------------------
-class _CachesCrossBlocks(HybridKVCacheManager):
+class _CachesCrossBlocks(KVCacheManager):
     """Caches each cross-attention group's full blocks under the prompt's keys after every
     allocation, as if encoder KV could be shared between requests (prefix caching stays off
     for every other group)."""
@@ -275,7 +275,7 @@ class _CachesCrossBlocks(HybridKVCacheManager):
 class CachesCrossAttentionBlocks(ReferenceHybridLifecycle):
     name = "broken-caches-cross-attention-blocks"
 
-    def make_manager(self, config: HybridConfig) -> HybridKVCacheManager:  # type: ignore[override]
+    def make_manager(self, config: HybridConfig) -> KVCacheManager:  # type: ignore[override]
         return _CachesCrossBlocks(config)
 
 

@@ -22,9 +22,8 @@ from kvoracle.conformance.hybrid_lifecycle import (
     Release,
     Run,
 )
-from kvoracle.reference import Request
+from kvoracle.reference import KVCacheManager, Request, SingleTypeManager
 from kvoracle.reference.hybrid import HybridConfig
-from kvoracle.reference.hybrid_manager import GroupTables, HybridKVCacheManager
 from kvoracle.reference.kv_cache_spec import CrossAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
 from kvoracle.spec import ConfigError, chunked_local, lifecycle, sliding_window
 from kvoracle.spec import hybrid as hybrid_spec
@@ -135,20 +134,20 @@ def test_unitary_eagle_has_no_margin() -> None:
 # -- reference -----------------------------------------------------------------------------
 def test_reference_rejects_what_it_does_not_specify() -> None:
     with pytest.raises(ConfigError, match="KV-MAMBA-003"):
-        HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))
+        KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))
     with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # "none" mode needs caching off
-        HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none")), 20, 64, 2))
+        KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none")), 20, 64, 2))
     with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # caching off, but "align" mode
-        HybridKVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2, enable_caching=False))
+        KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2, enable_caching=False))
     with pytest.raises(ConfigError, match="KV-HLC-007"):
         HybridConfig((FullAttentionSpec(2), CrossAttentionSpec(2)), 20, 64, 2)
     with pytest.raises(ConfigError, match="KV-HYB-001"):
-        HybridKVCacheManager(HybridConfig((SlidingWindowSpec(4, sliding_window=3),), 20, 64, 2))
+        KVCacheManager(HybridConfig((SlidingWindowSpec(4, sliding_window=3),), 20, 64, 2))
 
 
 def test_reference_worked_example() -> None:
     """Full attention (block 4) with a sliding window of 5 (block 2), hash block 2."""
-    manager = HybridKVCacheManager(HybridConfig((FullAttentionSpec(4), SlidingWindowSpec(2, sliding_window=5)),
+    manager = KVCacheManager(HybridConfig((FullAttentionSpec(4), SlidingWindowSpec(2, sliding_window=5)),
                                                 40, 256, 2))
     first = Request("a", tuple(range(30)), 2)
     manager.allocate_slots(first, 30)
@@ -172,7 +171,7 @@ def test_mamba_without_caching_keeps_one_state() -> None:
     caching off. The Mamba table keeps the block of the last computed token, nulls before it."""
     config = HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none", num_speculative_blocks=1)),
                           30, 16, 2, enable_caching=False)
-    manager = HybridKVCacheManager(config)
+    manager = KVCacheManager(config)
     request = Request("a", tuple(range(7)), hash_block_size=2)
     manager.allocate_slots(request, 7)
     # 7 slots: 4 full-attention blocks; the Mamba group 4 + 1 speculative, nothing skipped yet.
@@ -190,7 +189,7 @@ def test_one_state_block_per_request() -> None:
     """A Mamba block covering the model length: one state block (and the speculative ones) per request."""
     config = HybridConfig((FullAttentionSpec(2), MambaSpec(16, mamba_cache_mode="none")), 30, 16, 2,
                           enable_caching=False)
-    manager = HybridKVCacheManager(config)
+    manager = KVCacheManager(config)
     request = Request("a", tuple(range(9)), hash_block_size=2)
     manager.allocate_slots(request, 9)
     assert [len(t) for t in manager.get_block_ids("a")] == [5, 1]
@@ -203,19 +202,19 @@ def test_reference_suite_passes() -> None:
 
 
 # -- broken engines ------------------------------------------------------------------------
-class ForwardFreeGroups(GroupTables):
+class ForwardFreeGroups(SingleTypeManager):
     def free(self, request_id: str) -> None:  # head first: the wrong eviction order
         table = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
         self.pool.free_blocks([b for b in table if not b.is_null])
 
 
-class KeepsSkippedBlocks(GroupTables):
+class KeepsSkippedBlocks(SingleTypeManager):
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         return None  # never frees blocks outside the window
 
 
-class CachesUnreachable(GroupTables):
+class CachesUnreachable(SingleTypeManager):
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         kind = self.kind
         self.kind = FULL  # every full block cached, reachable or not
@@ -225,25 +224,25 @@ class CachesUnreachable(GroupTables):
             self.kind = kind
 
 
-class ForgetsAdoptedHits(GroupTables):
+class ForgetsAdoptedHits(SingleTypeManager):
     def adopt_hit(self, request_id, hits, num_computed_tokens) -> None:
         super().adopt_hit(request_id, hits, num_computed_tokens)
         if request_id in self.num_cached_block:
             self.num_cached_block[request_id] = 0  # the hits will be cached a second time
 
 
-class IgnoresPartialTail(GroupTables):
+class IgnoresPartialTail(SingleTypeManager):
     def _register_partial_tail(self, request: Request, num_tokens: int) -> None:
         return None  # as if partial tail entries did not count: the freed block goes to the front
 
 
-class MambaKeepsEveryState(GroupTables):
+class MambaKeepsEveryState(SingleTypeManager):
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0 if self.kind == MAMBA else super().skipped_tokens(num_computed_tokens)
 
 
-def _engine(groups_class: type[GroupTables]) -> type[ReferenceHybridLifecycle]:
-    class Manager(HybridKVCacheManager):
+def _engine(groups_class: type[SingleTypeManager]) -> type[ReferenceHybridLifecycle]:
+    class Manager(KVCacheManager):
         def __init__(self, config: HybridConfig) -> None:
             super().__init__(config)
             self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,

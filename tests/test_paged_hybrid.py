@@ -24,7 +24,7 @@ from kvoracle.conformance.hybrid_lifecycle import (
     Run,
 )
 from kvoracle.gpu import torch
-from kvoracle.reference.hybrid_manager import HybridKVCacheManager
+from kvoracle.reference import KVCacheManager
 from kvoracle.spec import all_rules
 
 GOOD = {"pass", "not-applicable"}
@@ -133,6 +133,6 @@ def test_relied_positions_must_lie_in_real_blocks(table: tuple[int, ...], first:
 def test_the_reference_hybrid_manager_is_what_the_paged_reference_wraps() -> None:
     engine = PagedHybridReferenceEngine()
     engine.configure(TWO_GROUPS.config())
-    assert isinstance(engine.inner.manager, HybridKVCacheManager)
+    assert isinstance(engine.inner.manager, KVCacheManager)
     assert [g.kind for g in engine.groups] == ["full", "sliding_window"]
     assert engine.store is not None and engine.store.block_sizes == (2, 4)
