@@ -7,8 +7,9 @@ the scheduler's later bookkeeping (computed tokens advancing, output tokens
 appended, preemption resetting the computed tokens) is done on the vLLM
 ``Request`` itself.
 
-Scope: one KV-cache group of full attention (kvoracle's single-group
-configurations). Features kvoracle does not specify yet are configured off:
+Scope: one KV-cache group of full attention (a :class:`ManagerConfig`) or several groups of
+any kind kvoracle specifies (a :class:`HybridConfig`), one vLLM group per kvoracle group.
+Features kvoracle does not specify yet are configured off:
 
 * prefix-cache retention interval: ``KVCacheConfig.prefix_cache_retention_interval``
   is left at ``None`` (dense checkpointing);
@@ -34,6 +35,7 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 from typing import Any
 
+from kvoracle.reference import HybridConfig, groups_config
 from kvoracle.spec.hashing import extend_block_hashes
 
 from ..adapter import UNKNOWN_HASH, Capabilities, EngineConfig, KeyRef, Lookup, Observation
@@ -43,8 +45,6 @@ from . import EngineLoadError
 SUPPORTED_VERSION = "0.33"
 INSTALL_HINT = ("install vLLM 0.33.x (CPU torch) into a virtual environment with "
                 "scripts/install_vllm.sh, then run kvoracle from that environment")
-#: Layer name of the one KV-cache group (vLLM only uses it as a label here).
-LAYER_NAME = "model.layers.0.self_attn"
 
 _VLLM: SimpleNamespace | None = None
 
@@ -104,6 +104,8 @@ class VllmEngine:
         self.translation: dict[bytes, bytes] = {}
         #: Request id -> kvoracle hashes of its full blocks (kept in step with the engine's).
         self.kv_hashes: dict[str, tuple[bytes, ...]] = {}
+        #: kvoracle hash -> its position in a request's hash chain (prefix length / h - 1).
+        self.hash_index: dict[bytes, int] = {}
         self._hasher: Any = None
 
     def version(self) -> str:
@@ -114,35 +116,40 @@ class VllmEngine:
         return Capabilities(common_prefix="zero")
 
     # -- configuration -------------------------------------------------------------------
-    def configure(self, config: EngineConfig) -> None:
-        v = self.vllm
+    def configure(self, config: EngineConfig | HybridConfig) -> None:
+        """A fresh vLLM manager with one vLLM KV-cache group per kvoracle group: a
+        :class:`ManagerConfig` is one full-attention group, a :class:`HybridConfig` any mix."""
+        from .vllm_hybrid import _layer_name, _load, vllm_spec  # it builds on this module
+
+        v = _load()  # this module's vLLM parts plus the hybrid spec classes
+        groups_of = groups_config(config)
         # The seed of the hash chain; with SHA-256 vLLM derives it from a fixed default
         # seed (or PYTHONHASHSEED), so it is the same on every call.
         v.utils.init_none_hash(v.sha256)
-        spec = v.FullAttentionSpec(block_size=config.block_size, num_kv_heads=1, head_size=1,
-                                   dtype=v.torch.float32)
-        kv_cache_config = v.KVCacheConfig(
-            num_blocks=config.num_blocks, kv_cache_tensors=[],
-            kv_cache_groups=[v.KVCacheGroupSpec([LAYER_NAME], spec)])
+        groups = [v.KVCacheGroupSpec([_layer_name(g)], vllm_spec(v, kv_spec))
+                  for g, kv_spec in enumerate(groups_of.kv_cache_specs)]
+        kv_cache_config = v.KVCacheConfig(num_blocks=groups_of.num_blocks, kv_cache_tensors=[],
+                                          kv_cache_groups=groups, prefix_cache_retention_interval=None)
         self.manager = v.KVCacheManager(
             kv_cache_config,
-            max_model_len=config.max_model_len,
-            scheduler_block_size=config.block_size,
-            hash_block_size=config.hash_block_size,
-            enable_caching=config.enable_caching,
-            use_eagle=config.use_eagle,
+            max_model_len=groups_of.max_model_len,
+            scheduler_block_size=groups_of.scheduler_block_size,
+            hash_block_size=groups_of.hash_block_size,
+            enable_caching=groups_of.enable_caching,
+            use_eagle=groups_of.use_eagle,
             num_hash_lookahead_tokens=0,
             num_prefill_lookahead=0,
             log_stats=False,
             enable_kv_cache_events=False,
             watermark=0.0,
         )
-        self._hasher = v.utils.get_request_block_hasher(config.hash_block_size, v.sha256)
+        self._hasher = v.utils.get_request_block_hasher(groups_of.hash_block_size, v.sha256)
         self.config = config
         self.requests = {}
         self.last_hit = {}
         self.translation = {}
         self.kv_hashes = {}
+        self.hash_index = {}
 
     # -- requests ------------------------------------------------------------------------
     def add_request(self, request_id: str, prompt: Sequence[int],
@@ -171,6 +178,8 @@ class VllmEngine:
         self.kv_hashes[request_id] = ours
         for engine_hash, kv_hash in zip(request.block_hashes[len(known):], ours[len(known):]):
             self.translation.setdefault(bytes(engine_hash), kv_hash)
+        for index, kv_hash in enumerate(ours[len(known):], start=len(known)):
+            self.hash_index.setdefault(kv_hash, index)
 
     # -- scheduling ----------------------------------------------------------------------
     def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
@@ -231,11 +240,14 @@ class VllmEngine:
         manager = self.manager
         pool = manager.block_pool
         coordinator = manager.coordinator
+        # req_to_blocks is a defaultdict: a sliding-window group lists a request it only looked
+        # at, with an empty table. Requests holding no entry in any group are not reported.
         tracked = {rid for m in coordinator.single_type_managers for rid in m.req_to_blocks}
+        tables = {rid: _ids(coordinator.get_blocks(rid)) for rid in tracked}
         return Observation(
             num_free_blocks=pool.get_num_free_blocks(),
             usage=manager.usage,
-            block_tables={rid: _ids(coordinator.get_blocks(rid)) for rid in tracked},
+            block_tables={rid: groups for rid, groups in tables.items() if any(groups)},
             free_queue=tuple(block.block_id
                              for block in pool.free_block_queue.get_all_free_blocks()),
             ref_counts=tuple(block.ref_cnt for block in pool.blocks),
@@ -244,16 +256,29 @@ class VllmEngine:
         )
 
     def _cache_map(self, pool: Any) -> dict[KeyRef, tuple[int, ...]]:
-        """The pool's hash -> blocks map in kvoracle's keys, blocks in caching order."""
+        """The pool's hash -> blocks map in kvoracle's keys, blocks in caching order.
+
+        Whole-block entries only: a key whose prefix ends inside one of its group's blocks is
+        a partial tail entry (KV-HLC-006), which kvoracle does not specify (their effect on
+        the free queue is specified and compared). With one group, hashed at its block size,
+        there are none.
+        """
+        assert self.config is not None
+        groups = groups_config(self.config)
         utils = self.vllm.utils
+        sizes = [s.block_size for s in groups.kv_cache_specs]
+        h = groups.hash_block_size
         cached: dict[KeyRef, tuple[int, ...]] = {}
         # BlockHashToBlockMap keeps one block, or a dict of blocks in insertion order.
         for key, blocks in pool.cached_block_hash_to_block._cache.items():
             engine_hash = bytes(utils.get_block_hash(key))
             kv_hash = self.translation.get(engine_hash, UNKNOWN_HASH + engine_hash)
+            group = utils.get_group_id(key)
+            if kv_hash in self.hash_index and (self.hash_index[kv_hash] + 1) * h % sizes[group]:
+                continue  # a partial tail entry
             ids = (blocks.block_id,) if isinstance(blocks, utils.KVCacheBlock) \
                 else tuple(blocks)
-            cached[(kv_hash, utils.get_group_id(key))] = ids
+            cached[(kv_hash, group)] = ids
         return cached
 
 
