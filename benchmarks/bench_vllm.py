@@ -14,7 +14,7 @@ Parts:
 a. **Lockstep steps/second.** The conformance suite (``run_suite``, the runner behind
    ``kvoracle check``) against the vLLM adapter and, for comparison, against the
    reference engine, with a fixed seed and budget. The runner has no step counter, so
-   the script wraps ``LockstepDriver.apply`` while it runs: a step is one call that
+   the script wraps ``ManagerDriver.apply`` while it runs: a step is one call that
    the driver executes (a step skipped because the example's engine already failed is
    not counted). The wall time covers generation, both engines, every comparison and
    any shrinking: it is what a user waits for per step.
@@ -73,7 +73,7 @@ class LockstepProbe:
     """Counts the lockstep steps a run executes and stamps the first failure of each rule.
 
     The runner and the driver keep no step counter and no timestamps, so while the
-    probe is active ``LockstepDriver.apply`` is wrapped (and restored on exit). A rule's
+    probe is active ``ManagerDriver.apply`` is wrapped (and restored on exit). A rule's
     first failure is the moment the driver records it in ``Verdicts.first_seen``, which
     it does for every failing check before Hypothesis shrinks the example.
     """
@@ -87,12 +87,12 @@ class LockstepProbe:
         self._own = False
 
     def __enter__(self) -> LockstepProbe:
-        from kvoracle.conformance.lockstep import LockstepDriver
+        from kvoracle.conformance.manager import ManagerDriver
 
-        # LockstepDriver inherits apply from the harness's Driver: remember whether it had one
+        # ManagerDriver inherits apply from the harness's Driver: remember whether it had one
         # of its own, so that __exit__ leaves the class as it found it.
-        self._own = "apply" in vars(LockstepDriver)
-        original = self._original = LockstepDriver.apply
+        self._own = "apply" in vars(ManagerDriver)
+        original = self._original = ManagerDriver.apply
         probe = self
 
         def apply(driver: Any, step: Any) -> None:
@@ -108,16 +108,16 @@ class LockstepProbe:
                     if probe.stop_on in probe.first_failure:
                         raise Detected(probe.stop_on)
 
-        LockstepDriver.apply = apply  # type: ignore[method-assign]
+        ManagerDriver.apply = apply  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        from kvoracle.conformance.lockstep import LockstepDriver
+        from kvoracle.conformance.manager import ManagerDriver
 
         if self._own:
-            LockstepDriver.apply = self._original  # type: ignore[method-assign]
+            ManagerDriver.apply = self._original  # type: ignore[method-assign]
         else:
-            del LockstepDriver.apply
+            del ManagerDriver.apply
 
 
 class _Convicted(Exception):

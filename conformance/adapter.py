@@ -23,7 +23,7 @@ from typing import Protocol, runtime_checkable
 
 import attrs
 
-from kvoracle.reference import ManagerConfig
+from kvoracle.reference import HybridConfig, ManagerConfig
 
 from .harness import returns
 from .harness.capabilities import Capabilities
@@ -91,8 +91,10 @@ class EngineAdapter(Protocol):
 
     def capabilities(self) -> Capabilities: ...
 
-    def configure(self, config: EngineConfig) -> None:
-        """Build a fresh engine (an empty pool) for ``config``."""
+    def configure(self, config: EngineConfig | HybridConfig) -> None:
+        """Build a fresh engine (an empty pool) for ``config``: one full-attention group (a
+        ``ManagerConfig``), or, for an engine claiming ``kv_cache_groups``, a ``HybridConfig``
+        of one or more groups of any kinds (one engine group per kvoracle group, in order)."""
 
     def add_request(self, request_id: str, prompt: Sequence[int],
                     cache_salt: str | None = None) -> None: ...
@@ -104,8 +106,9 @@ class EngineAdapter(Protocol):
                  num_lookahead_tokens: int = 0, delay_cache_blocks: bool = False,
                  num_encoder_tokens: int = 0) -> tuple[tuple[int, ...], ...] | None:
         """``allocate_slots``; a non-zero hit adopts the blocks of the last lookup.
-        ``num_encoder_tokens`` sizes a cross-attention group (KV-CROSS-001); the lockstep
-        suite always passes 0.
+        ``num_encoder_tokens`` sizes a cross-attention group (KV-CROSS-001); it is passed
+        only with a ``HybridConfig`` (an adapter claiming no ``kv_cache_groups`` needs no such
+        parameter).
 
         Returns the newly allocated block ids per group, or ``None`` when the pool
         is short.

@@ -225,6 +225,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"kvoracle {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
+    from .harness.suites import get_suite, suite_aliases
+
     suites = _registered()
     engines = builtin_engines()
     check = commands.add_parser(
@@ -232,15 +234,16 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Run the conformance suites against an engine and print a verdict per rule.",
         epilog="suites:\n" + "\n".join(f"  {s.name:<18} {s.title}" for s in suites)
+        + "".join(f"\n  {alias:<18} {get_suite(alias).title}" for alias in sorted(suite_aliases()))
         + "\n\nbuilt-in engines (and the suites they have adapters for):\n"
         + "\n".join(f"  {name:<18} {', '.join(names)}" for name, names in engines.items())
         + "\n\nexit status: 0 conforming, 1 not conforming, 2 bad options or engine, 130 interrupted")
     check.add_argument("--engine", default="reference",
                        help="a built-in engine (below) or module:Class (default: reference)")
-    check.add_argument("--suite", action="append", choices=[s.name for s in suites],
+    check.add_argument("--suite", action="append", choices=[s.name for s in suites] + sorted(suite_aliases()),
                        help="a suite to run (repeatable); default: every suite the engine has an adapter for")
     check.add_argument("--max-examples", type=int, default=150,
-                       help="Hypothesis examples per round (default 150)")
+                       help="Hypothesis examples per round and suite part (default 150)")
     check.add_argument("--steps", type=int, default=40, help="steps per example (default 40)")
     check.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
     check.add_argument("--max-rounds", type=int, default=12,

@@ -26,11 +26,26 @@ KV-EXT-007 (``lookup_mask``, where the engine has it), KV-EXT-011 (no chunk of a
 window of 1) and KV-EXT-006 (what was stored serves every aligned bound, in
 configurations that KV-EXT-008, KV-EXT-011 and KV-EXT-012 leave alone).
 
+Named differences are charged to their own rules where the engine's answer is
+exactly the one they name (and judged passed where an answer could have shown
+them and did not):
+
+* KV-EXT-009: with groups marked as EAGLE groups and EAGLE off, a hit, lookup
+  masks, store mask or lookup mask computed with the store's drop
+  (:func:`kvoracle.spec.external_store.store_eagle_groups`) instead of the local
+  coordinator's (none);
+* KV-EXT-013: with several KV-cache groups sharing one spec and EAGLE, the hit of
+  one lookup at the bound with the drop and without the look-ahead;
+* KV-EXT-010: with partial hash hits, a full-attention group asked to load the
+  chunk a hit ends inside, whose key at the hit's end is missing although the
+  key at the chunk's own end exists (the group was found at the longer block and
+  trimmed to a shorter hash boundary).
+
 Engines that support vLLM's partial hash hits (``supports_partial_hash_hits``)
 also get full-attention + Mamba configurations with Mamba blocks larger than
 the hash block; the reference does not model them, so there only the checks
-that need no reference are made: KV-EXT-002, KV-EXT-004 and the differential
-KV-EXT-001.
+that need no reference are made: KV-EXT-002 (KV-EXT-010), KV-EXT-004 and the
+differential KV-EXT-001. KV-EXT-010 is not judged for other engines.
 
 Run it with ``kvoracle check --suite external-store [--engine reference|vllm|module:Class]``.
 """
@@ -221,6 +236,13 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
         prompts = tuple(tuple(prefix + draw(tokens)) for _ in range(draw(st.integers(1, 3))))
         return StoreSetup(groups, hash_size, False, tuple(False for _ in groups), prompts, partial=True)
     hybrid = draw(hybrid_setups())
+    if len(hybrid.groups) > 1 and draw(st.integers(0, 1 if hybrid.use_eagle else 5), label="one spec group") == 0:
+        # Several KV-cache groups sharing one spec (a target and a draft group): the store
+        # looks the spec group up once, without the EAGLE look-ahead (KV-EXT-013), which a
+        # Mamba group never has.
+        shared = draw(st.sampled_from([g for g in hybrid.groups if g[0] != hybrid_spec.MAMBA] or hybrid.groups),
+                      label="shared spec")
+        hybrid = attrs.evolve(hybrid, groups=(shared,) * len(hybrid.groups))
     if hybrid.use_eagle:  # KV-EXT-014: window 1 with EAGLE is a named difference, not generated
         hybrid = attrs.evolve(hybrid, groups=tuple(
             (kind, size, 2 if kind == hybrid_spec.SLIDING_WINDOW and param == 1 else param)
@@ -237,6 +259,20 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
 # -- judging -------------------------------------------------------------------------------
 def _fmt(masks: Sequence[Sequence[bool]]) -> list[str]:
     return ["".join("x" if m else "." for m in mask) for mask in masks]
+
+
+def _store_loop(groups: tuple[hybrid_spec.SpecGroup, ...], cached: tuple[tuple[bool, ...], ...], bound: int,
+                num_hashed_tokens: int, alignment: int) -> tuple[int, tuple[tuple[int, bool], ...]]:
+    """vLLM 0.33.0's store coordinator's hit over the spec groups ``groups`` (flat, with the
+    drop it gives them), and each spec group's last lookup ``(bound, drop)``: the local loop,
+    except that a single spec group is looked up once at the bound, with its drop and without
+    the look-ahead (KV-EXT-013)."""
+    if len(groups) == 1:
+        kind, size, param, eagle = groups[0]
+        return (hybrid_spec.group_hit_length(kind, cached[0], bound, size, param, eagle, alignment),
+                ((bound, eagle),))
+    result = hybrid_spec.fixed_point(groups, cached, bound, num_hashed_tokens, alignment)
+    return result[0], result[4]
 
 
 class StoreDriver(Driver):
@@ -256,6 +292,44 @@ class StoreDriver(Driver):
         self.model = None if step.partial else ExternalStoreCoordinator(step.config())
         self.new_engine()
         self.call("configure", step)
+
+    def _store_flat(self) -> tuple[hybrid_spec.SpecGroup, ...]:
+        """The spec groups with the drop vLLM 0.33.0's store coordinator gives them
+        (:func:`~kvoracle.spec.external_store.store_eagle_groups`, KV-EXT-009)."""
+        assert self.model is not None
+        model = self.model
+        drop = spec.store_eagle_groups(model.config.flags, model.config.use_eagle)
+        return tuple((kind, size, param, kind != hybrid_spec.CHUNKED_LOCAL and any(drop[g] for g in group.group_ids))
+                     for (kind, size, param, _), group in zip(model.flat_groups(), model.spec_groups))
+
+    def _reachable_masks(self, flat: tuple[hybrid_spec.SpecGroup, ...], aligned: int, lookup: bool) -> Masks:
+        """Per KV-cache group, the store mask (or lookup mask) of ``aligned`` tokens with the
+        spec groups ``flat``."""
+        assert self.model is not None and self.setup is not None
+        out = []
+        for g in range(len(self.setup.groups)):
+            kind, size, param, eagle = flat[self.model._group_of(g)]
+            end = aligned // size
+            out.append(spec.lookup_mask(kind, size, param, eagle, self.model.alignment, end) if lookup
+                       else spec.store_mask(kind, size, param, eagle, self.model.alignment, 0, end))
+        return tuple(out)
+
+    def _hit_masks(self, flat: tuple[hybrid_spec.SpecGroup, ...], last: tuple[tuple[int, bool], ...],
+                   hit: int) -> Masks:
+        """Per KV-cache group, the non-null entries of a ``hit``-token hit whose spec groups
+        ``flat`` were last looked up with ``last`` (bound, drop) (KV-HYB-013)."""
+        assert self.model is not None and self.setup is not None
+        out = []
+        for g in range(len(self.setup.groups)):
+            group = self.model._group_of(g)
+            kind, size, param, _ = flat[group]
+            if kind != hybrid_spec.SLIDING_WINDOW:  # the drop moves only a window's null entries
+                out.append(self.model.group_load_mask(g, hit))
+                continue
+            bound, drop = last[group]
+            nulls = hybrid_spec.num_null_hit_blocks(kind, hit // size, bound, drop, size, param)
+            out.append(tuple(j >= nulls for j in range(hit // size)))
+        return tuple(out)
 
     def _Put(self, step: Put) -> None:
         assert self.setup is not None
@@ -281,12 +355,27 @@ class StoreDriver(Driver):
             if kind == hybrid_spec.MAMBA:
                 check("KV-EXT-008", not any(got[g]), lambda g=g: f"store_mask({aligned}) writes Mamba group "
                       f"{g}'s chunks {_fmt([got[g]])[0]}")
+        store_flat = self._store_flat()
+        if store_flat != model.flat_groups():  # KV-EXT-009: the masks of the store's drop
+            dropped = self._reachable_masks(store_flat, aligned, lookup=False)
+            if dropped != want:
+                check("KV-EXT-009", got != dropped,
+                      lambda: f"store_mask({aligned}) is {_fmt(got)}, the mask with the EAGLE drop in the marked "
+                              f"groups {list(setup.eagle_groups)} although EAGLE is off; want {_fmt(want)} "
+                              f"(groups {list(setup.groups)}, scheduler block {setup.scheduler_block_size})")
         check("KV-EXT-005", got == want,
               lambda: f"store_mask({aligned}) is {_fmt(got)}; want {_fmt(want)} (groups {list(setup.groups)}, "
                       f"scheduler block {setup.scheduler_block_size}, EAGLE groups {model.group_eagle})")
         lookup = self.call("lookup_mask", aligned, rule="KV-EXT-007")
         if lookup is not None:
             want_lookup = tuple(tuple(m) for m in model.lookup_mask(aligned))
+            if store_flat != model.flat_groups():
+                dropped = self._reachable_masks(store_flat, aligned, lookup=True)
+                if dropped != want_lookup:
+                    check("KV-EXT-009", lookup != dropped,
+                          lambda: f"lookup_mask({aligned}) is {_fmt(lookup)}, the mask with the EAGLE drop in the "
+                                  f"marked groups {list(setup.eagle_groups)} although EAGLE is off; want "
+                                  f"{_fmt(want_lookup)}")
             check("KV-EXT-007", lookup == want_lookup,
                   lambda: f"lookup_mask({aligned}) is {_fmt(lookup)}; want {_fmt(want_lookup)}")
         written = model.store_keys(hashes, got)
@@ -326,23 +415,64 @@ class StoreDriver(Driver):
               lambda: f"hit {hit}: masks of lengths {[len(m) for m in masks]}; want cdiv({hit}, block size) "
                       f"per group; {detail}")
         for g, mask in enumerate(masks):
-            size = setup.groups[g][1]
+            kind, size, _ = setup.groups[g]
             present = tuple((g, hashes[spec.chunk_key_index(i, size, setup.hash_block_size, hit)]) in exists
                             for i in range(len(mask)))
+            inside = hit // size
+            if setup.partial and kind == hybrid_spec.FULL and hit % size and mask[inside]:
+                # KV-EXT-010: the hit ends inside a chunk the group holds under the chunk's own end.
+                block_end = (inside + 1) * size // setup.hash_block_size - 1
+                if block_end < len(hashes) and (g, hashes[block_end]) in exists:
+                    check("KV-EXT-010", present[inside],
+                          lambda g=g, size=size, inside=inside:
+                          f"hit {hit} ends inside chunk {inside} of full-attention group {g} (block size {size}): "
+                          f"the store holds the chunk under its own end ({(inside + 1) * size} tokens) but not "
+                          f"under the hit's end, the key a load fetches it by -- the group was found at the "
+                          f"longer block and trimmed to a shorter hash boundary; {detail}")
             check("KV-EXT-002", spec.is_loadable(tuple(mask), present),
                   lambda g=g, mask=mask, present=present, size=size:
                   f"hit {hit}: group {g} (block size {size}) asks for chunks {_fmt([mask])[0]} but the store "
                   f"holds only {_fmt([present])[0]} of their keys; {detail}")
         if self.model is not None:
-            _, want = self.model.find_longest_cache_hit(
+            model = self.model
+            _, want = model.find_longest_cache_hit(
                 hashes, bound, ExternalCachedBlockPool(setup.hash_block_size, exists))
-            flat = self.model.flat_groups()
-            cached = self.model.existence_flags(hashes, ExternalCachedBlockPool(setup.hash_block_size, exists))
+            flat = model.flat_groups()
+            cached = model.existence_flags(hashes, ExternalCachedBlockPool(setup.hash_block_size, exists))
+            hashed, alignment = len(hashes) * setup.hash_block_size, model.alignment
+            store_flat = self._store_flat()
+            if store_flat != flat:
+                # KV-EXT-009: the store's drop in the marked groups, looked up by the store's loop
+                # or by the local one.
+                for alt in {_store_loop(store_flat, cached, bound, hashed, alignment)[0],
+                            hybrid_spec.fixed_point(store_flat, cached, bound, hashed, alignment)[0]} - {want}:
+                    check("KV-EXT-009", hit != alt,
+                          lambda alt=alt: f"hit {alt}, the hit with the EAGLE drop in the marked groups "
+                                  f"{list(setup.eagle_groups)} although EAGLE is off; the local hybrid loop over "
+                                  f"the store's keys answers {want}; spec groups {list(flat)}, stored "
+                                  f"{_fmt(cached)}; {detail}")
+            elif len(flat) == 1 and len(setup.groups) > 1 and flat[0][3]:
+                alt = _store_loop(flat, cached, bound, hashed, alignment)[0]
+                if alt != want:
+                    check("KV-EXT-013", hit != alt,
+                          lambda: f"hit {hit}, the spec group's own lookup at the bound without the EAGLE "
+                                  f"look-ahead; the local hybrid loop over the store's keys (looking the "
+                                  f"group up {flat[0][1]} tokens past the candidate) answers {want}; spec group "
+                                  f"{flat[0]} of {len(setup.groups)} KV-cache groups, stored {_fmt(cached)}; "
+                                  f"{detail}")
             check("KV-EXT-001", hit == want,
                   lambda: f"hit {hit}; the local hybrid loop over the store's keys answers {want}; spec groups "
                           f"{list(flat)}, stored {_fmt(cached)}; {detail}")
-            at_hit = tuple(self.model.group_load_mask(g, hit) for g in range(len(setup.groups)))
-            check("KV-EXT-003", hit % self.model.alignment != 0 or masks == at_hit,
+            at_hit = tuple(model.group_load_mask(g, hit) for g in range(len(setup.groups)))
+            if store_flat != flat and hit % alignment == 0:
+                alt, last = _store_loop(store_flat, cached, bound, hashed, alignment)
+                dropped = self._hit_masks(store_flat, last, hit) if alt == hit else at_hit
+                if dropped != at_hit:
+                    check("KV-EXT-009", masks != dropped,
+                          lambda: f"hit {hit}: load masks {_fmt(masks)}, the null entries of lookups with the "
+                                  f"EAGLE drop in the marked groups {list(setup.eagle_groups)} although EAGLE is "
+                                  f"off; the groups' load masks at {hit} are {_fmt(at_hit)}; {detail}")
+            check("KV-EXT-003", hit % alignment != 0 or masks == at_hit,
                   lambda: f"hit {hit}: load masks {_fmt(masks)}; the groups' load masks at {hit} are "
                           f"{_fmt(at_hit)}; {detail}")
         local = self.call("local_hit", hashes, bound, exists, rule="KV-EXT-001")
@@ -375,6 +505,10 @@ class ExternalStoreMachine(SuiteMachine):
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
         self.driver.apply(data.draw(store_setups(type(self).partial), label="setup"))
+        if self._alive() and not self.driver.setup.partial and data.draw(st.integers(0, 2), label="first store"):
+            # Most examples start from a stored prompt, so that even short ones judge a store
+            # mask and look something up that the store holds.
+            self._store(data)
 
     def _alive(self) -> bool:
         return self.driver.setup is not None and not self.driver.dead
@@ -387,6 +521,9 @@ class ExternalStoreMachine(SuiteMachine):
     @precondition(lambda self: self._alive() and not self.driver.setup.partial)
     @rule(data=st.data())
     def store(self, data: st.DataObject) -> None:
+        self._store(data)
+
+    def _store(self, data: st.DataObject) -> None:
         setup = self.driver.setup
         prompt = self._prompt(data)
         alignment = setup.scheduler_block_size
@@ -421,7 +558,12 @@ class ExternalStoreMachine(SuiteMachine):
     def look_up(self, data: st.DataObject) -> None:
         setup = self.driver.setup
         prompt = self._prompt(data)
-        bound = data.draw(st.none() | st.none() | st.integers(0, len(setup.prompts[prompt])), label="bound")
+        length = len(setup.prompts[prompt])
+        # A bound a block or more below the hashed tokens leaves room for the EAGLE look-ahead
+        # (KV-HYB-007), which a store looking one spec group up directly skips (KV-EXT-013).
+        hashed = length // setup.hash_block_size * setup.hash_block_size
+        short = st.integers(0, 2).map(lambda blocks: max(0, hashed - (blocks + 1) * setup.scheduler_block_size))
+        bound = data.draw(st.none() | st.none() | st.integers(0, length) | short, label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
     @rule()
@@ -443,4 +585,7 @@ EXTERNAL_STORE = register_suite(SuiteDef(
     step_names=("Evict", "LookUp", "Put", "Store", "StoreSetup"),
     engines={"reference": f"{__name__}:ReferenceExternalStore",
              "vllm": "kvoracle.conformance.engines.vllm_mooncake:VllmMooncakeStore"},
-    machine_options=lambda probe: {"partial": bool(getattr(probe, "supports_partial_hash_hits", False))}))
+    machine_options=lambda probe: {"partial": bool(getattr(probe, "supports_partial_hash_hits", False))},
+    exclusions=lambda probe: {} if getattr(probe, "supports_partial_hash_hits", False) else {
+        "KV-EXT-010": "the engine has no partial hash hits (supports_partial_hash_hits), the only "
+                      "configurations where a hit ends inside a block"}))

@@ -41,6 +41,20 @@ counterexample, so the specific rules come before the catch-all):
 * KV-FULL-002: the non-null entries are the reference's block ids (engines that
   allocate in the reference's order, as vLLM does).
 
+Two observations are optional, each behind a capability (an adapter that does not claim it
+is reported "not applicable" on the rule, with the capability it lacks):
+
+* ``uncached_prefix_tokens``: after a lookup that passed the checks above, the adapter's
+  ``uncached_common_prefix_tokens()`` -- the coordinator's third result -- against the spec's
+  (KV-HYB-008): the third result of :func:`~kvoracle.spec.hybrid.fixed_point`, or 0 for a model
+  with one KV-cache group (KV-HYB-014);
+* ``per_group_lookup``: after such a lookup, in a model of two or more KV-cache groups (vLLM's
+  unitary coordinator has no per-group lookup), ``lookup_per_group()`` at the same bound
+  against :func:`~kvoracle.spec.hybrid.per_group_hits`. A non-full group's entries that no
+  lookup of its kind gives are charged as in the hybrid lookup (the kind's rule, or a named
+  signature); groups of one spec group that answer unlike each other, KV-HYB-002; any other
+  wrong length, entry count or null entries, KV-HYB-011; then KV-FULL-002 on the block ids.
+
 A kind's rule is charged only where the group's own entries show it. A finder that
 answers what it would at another bound (too short a hit, say) is seen only through the
 hit, and charged to the loop's rules above; so is a lookup that reads a key in one group
@@ -81,6 +95,7 @@ from kvoracle.spec.lifecycle import cdiv
 
 from .adapter import Lookup
 from .harness import returns
+from .harness.capabilities import Capabilities
 from .harness.driver import Driver
 from .harness.machine import SuiteMachine
 from .harness.suites import SuiteDef, register_suite
@@ -112,6 +127,31 @@ class HybridLookupAdapter(Protocol):
         ``None`` bounds it by ``len(prompt_tokens) - 1``, as a new request's lookup is."""
 
 
+@attrs.frozen
+class PerGroupLookup:
+    """Each KV-cache group's own hit: its block ids (null entries as block id 0) and length."""
+
+    block_ids: tuple[tuple[int, ...], ...]
+    num_tokens: tuple[int, ...]
+
+
+@runtime_checkable
+class OptionalHybridLookup(Protocol):
+    """The optional operations of a hybrid lookup adapter, each offered only by an adapter
+    that claims its capability (``capabilities()``)."""
+
+    def capabilities(self) -> Capabilities: ...
+
+    def uncached_common_prefix_tokens(self) -> int:
+        """``uncached_prefix_tokens``: the third result of the coordinator's last lookup, the
+        uncached common prefix tokens (KV-HYB-008)."""
+
+    def lookup_per_group(self, prompt_tokens: Sequence[int],
+                         max_cache_hit_length: int | None = None) -> PerGroupLookup:
+        """``per_group_lookup``: each spec group looked up alone (KV-HYB-011), the bound as
+        for :meth:`HybridLookupAdapter.lookup`. Asked only of models with several KV-cache groups."""
+
+
 class ReferenceHybridLookup:
     """kvoracle's reference hybrid coordinator behind :class:`HybridLookupAdapter`."""
 
@@ -120,9 +160,13 @@ class ReferenceHybridLookup:
 
     def __init__(self) -> None:
         self.coordinator: HybridCoordinator | None = None
+        self.uncached = 0
 
     def version(self) -> str:
         return __version__
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True)
 
     def configure(self, config: HybridConfig) -> None:
         self.coordinator = self.coordinator_class(config)
@@ -138,8 +182,18 @@ class ReferenceHybridLookup:
     def lookup(self, prompt_tokens: Sequence[int], max_cache_hit_length: int | None = None) -> Lookup:
         assert self.coordinator is not None
         bound = len(prompt_tokens) - 1 if max_cache_hit_length is None else max_cache_hit_length
-        blocks, hit, _ = self.coordinator.find_longest_cache_hit(self.hashes(prompt_tokens), bound)
+        blocks, hit, self.uncached = self.coordinator.find_longest_cache_hit(self.hashes(prompt_tokens), bound)
         return Lookup(tuple(tuple(b.block_id for b in group) for group in blocks), hit)
+
+    def uncached_common_prefix_tokens(self) -> int:
+        return self.uncached
+
+    def lookup_per_group(self, prompt_tokens: Sequence[int],
+                         max_cache_hit_length: int | None = None) -> PerGroupLookup:
+        assert self.coordinator is not None
+        bound = len(prompt_tokens) - 1 if max_cache_hit_length is None else max_cache_hit_length
+        blocks, hits = self.coordinator.find_longest_cache_hit_per_group(self.hashes(prompt_tokens), bound)
+        return PerGroupLookup(tuple(tuple(b.block_id for b in group) for group in blocks), tuple(hits))
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -352,9 +406,14 @@ class HybridDriver(Driver):
         prompt = self.setup.prompts[step.prompt]
         got = self.call("lookup", prompt, step.max_cache_hit_length)
         want = self.model.lookup(prompt, step.max_cache_hit_length)
-        self._judge(prompt, step, got, want)
+        spec_in = self._judge(prompt, step, got, want)
+        # The optional observations, once the lookup itself passed (KV-HYB-008, KV-HYB-011).
+        if self.verdicts.applicable("KV-HYB-008"):
+            self._judge_uncached(spec_in, got)
+        if self.verdicts.applicable("KV-HYB-011") and len(self.setup.groups) > 1:
+            self._judge_per_group(prompt, step, spec_in)
 
-    def _judge(self, prompt: Sequence[int], step: LookUp, got: Lookup, want: Lookup) -> None:
+    def _judge(self, prompt: Sequence[int], step: LookUp, got: Lookup, want: Lookup) -> _SpecInputs:
         check = self.verdicts.check
         coordinator = self.model.coordinator
         assert coordinator is not None and self.setup is not None
@@ -370,7 +429,7 @@ class HybridDriver(Driver):
         # and one no lookup of its kind gives is that kind's failure (each member's own). A
         # full-attention answer has no null entry (KV-HYB-013, judged below).
         answers_kind = {g: NULL_BLOCK_ID not in got.block_ids[g] if sg.kind == spec.FULL
-                        else self._judge_answer(spec_in, index, g, got)
+                        else self._judge_answer(spec_in, index, g, got.block_ids, got)
                         for index, sg in enumerate(coordinator.spec_groups) for g in sg.group_ids}
         for sg in coordinator.spec_groups:  # then KV-HYB-002: members that each answer their kind, but unlike
             first = sg.group_ids[0]
@@ -420,8 +479,87 @@ class HybridDriver(Driver):
         check("KV-FULL-002", got.block_ids == want.block_ids,
               lambda: f"hit block ids {[list(b) for b in got.block_ids]}; the reference's are "
                       f"{[list(b) for b in want.block_ids]}")
+        return spec_in
 
-    def _judge_answer(self, spec_in: _SpecInputs, index: int, group_id: int, got: Lookup) -> bool:
+    def _judge_uncached(self, spec_in: _SpecInputs, lookup: Lookup) -> None:
+        """KV-HYB-008: the coordinator's third result against the spec's loop (0 with one group).
+
+        The lookup itself passed: a wrong count whose whole answer (the lookup and the count)
+        exactly one other loop gives names that loop's rule, as a wrong hit does
+        (KV-SWA-001, KV-HYB-005); any other is KV-HYB-008.
+        """
+        got = self.call("uncached_common_prefix_tokens", rule="KV-HYB-008")
+        check = self.verdicts.check
+        hit, _, uncached, _, _ = spec_in.loop
+        if len(spec_in.coordinator.config.kv_cache_specs) == 1:
+            check("KV-HYB-008", got == 0, lambda: f"{got} uncached common prefix tokens with one KV-cache "
+                                                  "group; the unitary lookup (KV-HYB-014) reports 0")
+            return
+        others: list[tuple[str, tuple | None, bool, str]] = []
+        if any(kind == spec.SLIDING_WINDOW for kind, _, _, _ in spec_in.flat):
+            others.append(("KV-SWA-001", spec_in.wide, True, "a sliding-window scan needing cdiv(window, "
+                                                             "block_size) blocks"))
+        if spec.single_pass(tuple(kind for kind, _, _, _ in spec_in.flat)):
+            others.append(("KV-HYB-005", spec_in.no_shortcut, False, "a loop that runs past its first pass with "
+                                                                      "one full-attention and one other spec group"))
+        matching = [] if got == uncached else [
+            rule_id for rule_id, loop, widen, _ in others
+            if loop is not None and loop[2] == got and spec_in.reproduces(loop, lookup, widen)]
+        for rule_id, _, _, what in others:
+            check(rule_id, matching != [rule_id],
+                  lambda what=what: f"{got} uncached common prefix tokens, the spec's {uncached}: the count "
+                                    f"of {what}")
+        check("KV-HYB-008", got == uncached,
+              lambda: f"{got} uncached common prefix tokens; the longest candidate a spec group answered "
+                      f"in the spec's loop is {hit + uncached} tokens and the hit {hit}, so {uncached}; "
+                      f"spec groups {list(spec_in.flat)}, cached "
+                      f"{[_flags(flags) for flags in spec_in.cached]}, bound {spec_in.bound}")
+
+    def _judge_per_group(self, prompt: Sequence[int], step: LookUp, spec_in: _SpecInputs) -> None:
+        """KV-HYB-011: each spec group looked up alone, against the spec's per-group hits."""
+        check = self.verdicts.check
+        got = self.call("lookup_per_group", prompt, step.max_cache_hit_length, rule="KV-HYB-011")
+        want = self.model.lookup_per_group(prompt, step.max_cache_hit_length)
+        coordinator = spec_in.coordinator
+        num_groups = len(coordinator.config.kv_cache_specs)
+        check("KV-HYB-011", len(got.block_ids) == num_groups and len(got.num_tokens) == num_groups,
+              lambda: f"the per-group lookup answered {len(got.block_ids)} groups' blocks and "
+                      f"{len(got.num_tokens)} lengths; the config has {num_groups} groups")
+        hits = spec.per_group_hits(spec_in.flat, spec_in.cached, spec_in.bound, spec_in.num_hashed,
+                                   spec_in.alignment)
+        for index, group in enumerate(coordinator.spec_groups):
+            kind, size, param, eagle = spec_in.flat[index]
+            bound = spec_in.bound
+            if eagle and spec.eagle_margin(kind, size):
+                bound = min(bound + spec.eagle_margin(kind, size), spec_in.num_hashed)
+            n = hits[index] // size
+            nulls = spec.num_null_hit_blocks(kind, n, bound, eagle, size, param)
+            if kind != spec.FULL:  # entries no lookup of the kind gives: the kind's rule, as above
+                for g in group.group_ids:
+                    self._judge_answer(spec_in, index, g, got.block_ids, want=(n, nulls), context="per-group ")
+            first = group.group_ids[0]
+            for g in group.group_ids[1:]:
+                check("KV-HYB-002", got.num_tokens[g] == got.num_tokens[first]
+                      and _layout(got.block_ids[g]) == _layout(got.block_ids[first]),
+                      lambda g=g, first=first: f"per-group lookup: groups {first} and {g} share a spec but "
+                      f"answer {got.num_tokens[first]} tokens {list(got.block_ids[first])} and "
+                      f"{got.num_tokens[g]} tokens {list(got.block_ids[g])}")
+            for g in group.group_ids:
+                entries = got.block_ids[g]
+                check("KV-HYB-011", got.num_tokens[g] == hits[index] and len(entries) == n
+                      and _null_pattern(entries) == nulls,
+                      lambda g=g, entries=entries, index=index, kind=kind, size=size, bound=bound, n=n,
+                      nulls=nulls, eagle=eagle: f"per-group lookup: {kind} group {g} (block size {size}) answers "
+                      f"{got.num_tokens[g]} tokens {list(entries)}; looked up alone at {bound} tokens"
+                      f"{' with its EAGLE drop' if eagle else ''} it hits {hits[index]} tokens: {n} entries, "
+                      f"{nulls} null (id {NULL_BLOCK_ID}) first; cached {_flags(spec_in.cached[index])}, "
+                      f"bound {spec_in.bound}")
+        check("KV-FULL-002", got.block_ids == want.block_ids,
+              lambda: f"per-group hit block ids {[list(b) for b in got.block_ids]}; the reference's are "
+                      f"{[list(b) for b in want.block_ids]}")
+
+    def _judge_answer(self, spec_in: _SpecInputs, index: int, group_id: int, block_ids: Sequence[Sequence[int]],
+                      got: Lookup | None = None, want: tuple[int, int] | None = None, context: str = "") -> bool:
         """One non-full spec group's answer against its kind's hit rule.
 
         The group's entries are the answer of its last lookup, at a bound and drop the loop
@@ -432,15 +570,21 @@ class HybridDriver(Driver):
         wrong answer that has exactly one named rule's signature is charged to that rule; one
         with none, or with several (which could each explain it), to the kind's own rule.
         Returns whether the entries are an answer of the kind (checks that pass record it).
+
+        ``block_ids`` are the groups' entries of the answer judged; ``got`` is the whole hybrid
+        lookup (its hit), ``None`` for a per-group lookup, whose wanted (entries, leading nulls)
+        ``want`` gives instead of the loop's (and whose finder may be asked any bound).
         """
         check = self.verdicts.check
         kind, size, param, eagle = spec_in.flat[index]
-        entries = got.block_ids[group_id]
+        entries = block_ids[group_id]
         shape = (len(entries), _null_pattern(entries))
+        wanted = spec_in.answer(spec_in.loop, index) if want is None else want
+        any_bound = want is not None
 
         def answers_kind(group_entries: Sequence[int]) -> bool:
             found = (len(group_entries), _null_pattern(group_entries))
-            return found == spec_in.answer(spec_in.loop, index) or found in spec_in.answers(index, (False, eagle))
+            return found == wanted or found in spec_in.answers(index, (False, eagle), any_bound=any_bound)
 
         valid = answers_kind(entries)
         n, nulls = shape
@@ -451,16 +595,18 @@ class HybridDriver(Driver):
         if members:
             # Another group of the spec group answers its kind, and this one otherwise: the groups
             # of one spec group disagree, whatever this group's own finder did.
-            named.append(("KV-HYB-002", lambda: any(shape in spec_in.answers(index, (False, eagle), g)
+            named.append(("KV-HYB-002", lambda: any(shape in spec_in.answers(index, (False, eagle), g,
+                                                                             any_bound=any_bound)
                                                     for g in members)
-                          or any(_layout(got.block_ids[g]) != _layout(entries) and answers_kind(got.block_ids[g])
+                          or any(_layout(block_ids[g]) != _layout(entries) and answers_kind(block_ids[g])
                                  for g in members if g != group_id),
                           f"an answer of its kind if a block need only be cached in one group of its spec "
                           f"group {members}, not in all of them, or unlike another group's of the spec group"))
         if kind == spec.SLIDING_WINDOW:
-            named.append(("KV-SWA-001", lambda: spec_in.reproduces(spec_in.wide, got, widen=True),
-                          "the whole answer of the loop whose window scan needs cdiv(window, block_size) "
-                          "contiguous blocks"))
+            if got is not None:
+                named.append(("KV-SWA-001", lambda: spec_in.reproduces(spec_in.wide, got, widen=True),
+                              "the whole answer of the loop whose window scan needs cdiv(window, block_size) "
+                              "contiguous blocks"))
             if param == 1 and not eagle:
                 named.append(("KV-SWA-003", lambda: bool(n) and nulls == n,
                               "every entry null, as if a window of 1 needed no cached block"))
@@ -470,22 +616,24 @@ class HybridDriver(Driver):
                 # window of 1 the kept run is what a lookup without the drop returns: no signature.)
                 most = max(sliding_window.contiguous_blocks_needed(param, size, False), 1)
                 named.append(("KV-SWA-004", lambda: nulls is not None and n - nulls == most + 1
-                              and (n - 1, nulls) in spec_in.answers(index, (True,)),
+                              and (n - 1, nulls) in spec_in.answers(index, (True,), any_bound=any_bound),
                               f"an EAGLE lookup's answer with the block it drops still on ({most + 1} real "
                               f"entries, where a lookup returns at most {most})"))
             if size != alignment:
                 # A run ending off the alignment: a length no aligned lookup gives (without EAGLE),
                 # or (with EAGLE, whose drop moves the end) an answer of a lookup that ignores it.
                 named.append(("KV-SWA-005", lambda: (n * size) % alignment != 0 if not eagle else
-                              shape in spec_in.answers(index, (False, True), alignment=size),
+                              shape in spec_in.answers(index, (False, True), alignment=size,
+                                                       any_bound=any_bound),
                               f"{n * size} tokens, an answer whose run ends off the alignment {alignment}"))
         matching = [] if valid else [rule_id for rule_id, signature, _ in named if signature()]
 
         def detail() -> str:
             what = {spec.SLIDING_WINDOW: f", window {param}", spec.CHUNKED_LOCAL: f", chunk {param}"}.get(kind, "")
-            return (f"{kind} group {group_id} (block size {size}{what}{', EAGLE' if eagle else ''}, alignment "
-                    f"{alignment}) answers {list(entries)}, cached {_flags(spec_in.cached[index])}; the spec's "
-                    f"loop wants {spec_in.answer(spec_in.loop, index)} (entries, leading nulls)")
+            return (f"{context}{kind} group {group_id} (block size {size}{what}{', EAGLE' if eagle else ''}, "
+                    f"alignment {alignment}) answers {list(entries)}, cached {_flags(spec_in.cached[index])}; "
+                    f"the spec's {'per-group lookup' if any_bound else 'loop'} wants {wanted} (entries, "
+                    "leading nulls)")
 
         for rule_id, _, signature_text in named:
             check(rule_id, matching != [rule_id], lambda text=signature_text: f"{detail()}: {text}")
@@ -618,16 +766,17 @@ class _SpecInputs:
         return True
 
     def answers(self, index: int, drops: tuple[bool, ...], member: int | None = None,
-                alignment: int | None = None) -> frozenset[tuple[int, int]]:
+                alignment: int | None = None, any_bound: bool = False) -> frozenset[tuple[int, int]]:
         """(entries, leading nulls) of every answer spec group ``index``'s finder gives, at every
         bound up to the larger of the lookup's bound and the hashed tokens, with each drop in
         ``drops``: whatever bound and drop a coordinator passes, its answer is one of these.
         With ``member``, over the blocks that group alone has cached; with ``alignment``, a
         finder that aligns its answer to that instead of the lookup's alignment. With one spec
         group the loop is one lookup at the bound, so only its answer there counts (one at
-        another bound is then the finder's error: no other pass could have asked for it)."""
+        another bound is then the finder's error: no other pass could have asked for it) --
+        unless ``any_bound`` (a per-group lookup's answer, judged against its own bound)."""
         size = self.flat[index][1]
-        if len(self.flat) == 1:  # one spec group: one lookup, at the loop's bound and drop
+        if len(self.flat) == 1 and not any_bound:  # one spec group: one lookup, at the loop's bound and drop
             bound, drop = self.loop[4][index]
             return frozenset({self.answer_at(index, bound, drop, member, alignment)})
         return frozenset(self.answer_at(index, bound, drop, member, alignment) for drop in set(drops)
@@ -761,7 +910,10 @@ HYBRID = register_suite(SuiteDef(
     title="the hybrid cache-hit lookup over several KV-cache groups",
     operations=("configure", "seed_cache", "lookup"),
     returns={"lookup": returns.attributes(Lookup, block_ids=returns.block_id_groups,
-                                          num_tokens=returns.integer)},
+                                          num_tokens=returns.integer),
+             "uncached_common_prefix_tokens": returns.integer,
+             "lookup_per_group": returns.attributes(PerGroupLookup, block_ids=returns.block_id_groups,
+                                                    num_tokens=returns.sequence_of(returns.integer))},
     driver=HybridDriver, machine=HybridLookupMachine, module=__name__,
     step_names=("HybridSetup", "LookUp", "Seed"),
     engines={"reference": f"{__name__}:ReferenceHybridLookup",

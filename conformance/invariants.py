@@ -2,30 +2,59 @@
 
 These hold after every step whatever happened before, so they also judge an
 engine whose state has drifted from the reference's for a reason already
-reported. Each reuses the spec's predicate for the rule it checks.
+reported. Each reuses the spec's predicate for the rule it checks. They hold for a
+model of one full-attention group (a ``ManagerConfig``) and of several groups (a
+``HybridConfig``) alike. Where two rules state one fact the configuration picks the
+rule: the null block in a one-group table or the free queue is KV-POOL-001's; in a
+table of several groups, where windowed tables may start with null entries, it is
+KV-HYB-013's (and the free queue's null block KV-POOL-002's).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 
+from kvoracle.reference import HybridConfig, ManagerConfig, group_kinds, groups_config
 from kvoracle.spec import block_pool as pool_spec
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as lifecycle_spec
 from kvoracle.spec import lifecycle
 
-from .adapter import EngineConfig, Observation
+from .adapter import Observation
 from .harness.verdicts import Verdicts
 
+NULL_BLOCK_ID = 0
+#: Kinds whose tables are bounded by max_model_len (a Mamba group's speculative blocks and a
+#: cross-attention group's encoder blocks are not).
+_TOKEN_TABLE_KINDS = (hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.CHUNKED_LOCAL)
 
-def check_all(verdicts: Verdicts, config: EngineConfig, observation: Observation) -> None:
+
+def in_any_table(tables: object) -> set[int]:
+    return {b for entries in tables.values() for table in entries for b in table}  # type: ignore[attr-defined]
+
+
+def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observation: Observation) -> None:
     check = verdicts.check
+    groups = groups_config(config)
+    kinds = group_kinds(config)
+    sizes = [kv_spec.block_size for kv_spec in groups.kv_cache_specs]
     tables = observation.block_tables
-    in_tables = Counter(b for groups in tables.values() for group in groups for b in group)
     queue = observation.free_queue
     counts = observation.ref_counts
-    num_blocks = config.num_blocks
+    num_blocks = groups.num_blocks
 
-    check("KV-POOL-001", in_tables[0] == 0 and (queue is None or 0 not in queue),
-          lambda: "the null block is in a full-attention block table or the free queue")
+    if isinstance(config, ManagerConfig):
+        null_free = NULL_BLOCK_ID not in in_any_table(tables) and (queue is None or NULL_BLOCK_ID not in queue)
+        check("KV-POOL-001", null_free,
+              lambda: "the null block is in a full-attention block table or the free queue")
+    else:  # several groups: where a table may hold null entries
+        for rid, entries in tables.items():
+            for kind, table in zip(kinds, entries):
+                check("KV-HYB-013", lifecycle_spec.table_nulls_ok(kind, tuple(b == NULL_BLOCK_ID for b in table)),
+                      lambda rid=rid, kind=kind, table=table: f"{kind} table of {rid} is {list(table)}: "
+                      "null entries (id 0) only as a prefix of a windowed table, none elsewhere")
+    in_tables = Counter(b for entries in tables.values() for table in entries for b in table
+                        if b != NULL_BLOCK_ID)
     if counts is not None:
         check("KV-POOL-002", len(counts) == num_blocks and counts[0] == 0,
               lambda: f"null block ref count {counts[0] if counts else None}")
@@ -35,6 +64,8 @@ def check_all(verdicts: Verdicts, config: EngineConfig, observation: Observation
                                            if i and c != occurrences[i]})
               + " (count, table occurrences)")
     if queue is not None:
+        if not isinstance(config, ManagerConfig):
+            check("KV-POOL-002", NULL_BLOCK_ID not in queue, lambda: f"the null block is in the free queue {queue}")
         check("KV-POOL-012", observation.num_free_blocks == len(queue),
               lambda: f"{observation.num_free_blocks} free blocks but a queue of {len(queue)}")
         check("KV-POOL-010", len(set(queue)) == len(queue),
@@ -55,20 +86,28 @@ def check_all(verdicts: Verdicts, config: EngineConfig, observation: Observation
     else:
         check("KV-POOL-012", False, lambda: f"{observation.num_free_blocks} free blocks "
                                             f"in a pool of {num_blocks}")
-    max_blocks = lifecycle.cdiv(config.max_model_len, config.block_size)
-    check("KV-LIFE-015", all(len(g) <= max_blocks for groups in tables.values() for g in groups),
-          lambda: f"a table is longer than {max_blocks} blocks: {dict(tables)}")
+    too_long = [(rid, g) for rid, entries in tables.items() for g, table in enumerate(entries)
+                if g < len(kinds) and kinds[g] in _TOKEN_TABLE_KINDS
+                and len(table) > lifecycle.cdiv(groups.max_model_len, sizes[g])]
+    check("KV-LIFE-015", not too_long,
+          lambda: f"tables longer than max_model_len needs (request, group): {too_long}; {dict(tables)}")
     for rule_id, ok, message in observation.data_checks or ():  # KV-DATA, judged by the adapter
         check(rule_id, ok, message)
 
     cached = observation.cached
     if cached is None:
         return
+    cross = {g for g, kind in enumerate(kinds) if kind == lifecycle_spec.CROSS_ATTENTION}
+    if cross:  # before the caching rules: a cached cross-attention block is this rule's
+        keys = [key for key in cached if key[1] in cross]
+        check("KV-CROSS-002", not keys, lambda: f"cross-attention blocks are cached under {len(keys)} keys: "
+              f"{[(k.hex()[:8] if isinstance(k, bytes) else k, g, cached[(k, g)]) for k, g in keys]}")
     listed = Counter(b for blocks in cached.values() for b in blocks)
-    check("KV-POOL-015", all(n == 1 for n in listed.values()) and 0 not in listed
+    check("KV-POOL-015", all(n == 1 for n in listed.values()) and NULL_BLOCK_ID not in listed
           and all(blocks for blocks in cached.values()),
           lambda: f"a block is under two keys, the null block is cached, or a key is empty: "
                   f"{dict(listed)}")
-    check("KV-HASH-005", all(group == 0 for _, group in cached), "a cache key names no group")
-    check("KV-LIFE-012", config.enable_caching or not cached,
+    check("KV-HASH-005", all(isinstance(group, int) and 0 <= group < len(kinds) for _, group in cached),
+          "a cache key names no group of the model")
+    check("KV-LIFE-012", groups.enable_caching or not cached,
           lambda: f"{len(cached)} keys cached with prefix caching off")

@@ -1,7 +1,7 @@
 """Steps: the closed set of things a conformance run does to an engine.
 
-A run is a list of steps. The Hypothesis machines generate them, the lockstep
-driver applies them to the reference and to the engine under test, and a
+A run is a list of steps. The Hypothesis machines generate them, the manager
+suite's driver applies them to the reference and to the engine under test, and a
 counterexample is written back out as the same list (each step's ``repr`` is
 the Python expression that rebuilds it), so a replay needs nothing else.
 
@@ -13,15 +13,64 @@ from __future__ import annotations
 
 import attrs
 
-from kvoracle.reference import ManagerConfig
+from kvoracle.reference import HybridConfig, ManagerConfig
+from kvoracle.reference.kv_cache_spec import (
+    ChunkedLocalAttentionSpec,
+    CrossAttentionSpec,
+    FullAttentionSpec,
+    KVCacheSpec,
+    MambaSpec,
+    SlidingWindowSpec,
+)
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as lifecycle_spec
+
+#: One KV-cache group, flat: (kind, block size, window or chunk size or a Mamba group's
+#: speculative blocks, 0 if none).
+GroupDesc = tuple[str, int, int]
 
 
 @attrs.frozen
 class Configure:
-    """Build fresh engines for ``config``."""
+    """Build fresh engines for ``config``: one full-attention group (the unitary coordinator)."""
 
     config: ManagerConfig
     primary_rule = "KV-POOL-003"
+
+
+@attrs.frozen
+class ConfigureGroups:
+    """Build fresh engines for a model of one or more KV-cache groups of any kinds (the hybrid
+    coordinator, or the unitary one over a single group). Every request has
+    ``num_encoder_tokens`` encoder tokens (a cross-attention group's)."""
+
+    primary_rule = "KV-HLC-001"
+
+    groups: tuple[GroupDesc, ...]
+    hash_block_size: int
+    num_blocks: int
+    max_model_len: int
+    use_eagle: bool = False
+    enable_caching: bool = True
+    num_encoder_tokens: int = 0
+
+    def config(self) -> HybridConfig:
+        return HybridConfig(tuple(kv_spec_of(g) for g in self.groups), self.num_blocks, self.max_model_len,
+                            self.hash_block_size, self.use_eagle, self.enable_caching)
+
+
+def kv_spec_of(group: GroupDesc) -> KVCacheSpec:
+    """The reference's layer spec for one flat group description."""
+    kind, size, param = group
+    if kind == hybrid_spec.SLIDING_WINDOW:
+        return SlidingWindowSpec(size, sliding_window=param)
+    if kind == hybrid_spec.CHUNKED_LOCAL:
+        return ChunkedLocalAttentionSpec(size, attention_chunk_size=param)
+    if kind == lifecycle_spec.CROSS_ATTENTION:
+        return CrossAttentionSpec(size)
+    if kind == hybrid_spec.MAMBA:
+        return MambaSpec(size, mamba_cache_mode="none", num_speculative_blocks=param)
+    return FullAttentionSpec(size)
 
 
 @attrs.frozen
@@ -115,5 +164,5 @@ class CommonPrefix:
     primary_rule = "KV-LIFE-010"
 
 
-Step = Configure | AddRequest | Schedule | EmptyAllocation | Probe | AppendTokens | Free | \
+Step = Configure | ConfigureGroups | AddRequest | Schedule | EmptyAllocation | Probe | AppendTokens | Free | \
     Evict | ResetPrefixCache | CommonPrefix | Observe

@@ -5,8 +5,8 @@ suite of a third party registers itself the same way, by importing
 :func:`kvoracle.conformance.harness.register_suite` in its own module.
 """
 
-from . import external_store, hybrid_lifecycle, hybrid_lookup, machine
+from . import external_store, hybrid_lookup, manager
 
 #: The built-in suites' modules, in the order ``kvoracle check`` runs them.
-MODULES = (machine, hybrid_lookup, hybrid_lifecycle, external_store)
-BUILTIN = ("lockstep", "hybrid", "hybrid-lifecycle", "external-store")
+MODULES = (manager, hybrid_lookup, external_store)
+BUILTIN = ("manager", "hybrid", "external-store")

@@ -15,7 +15,7 @@ from .config import ManagerConfig
 from .contracts import ENABLED as CONTRACTS_ENABLED
 from .free_queue import FreeBlockQueue
 from .hybrid import HybridConfig, HybridCoordinator
-from .manager import KVCacheBlocks, KVCacheManager, groups_config
+from .manager import KVCacheBlocks, KVCacheManager, group_kinds, groups_config
 from .request import Request, RequestStatus
 from .single_type import SingleTypeManager
 
@@ -33,5 +33,6 @@ __all__ = [
     "Request",
     "RequestStatus",
     "SingleTypeManager",
+    "group_kinds",
     "groups_config",
 ]

@@ -62,6 +62,11 @@ def _kind(kv_spec: object) -> str:
     return kv_spec.kind  # type: ignore[attr-defined, no-any-return]
 
 
+def group_kinds(config: ManagerConfig | HybridConfig) -> tuple[str, ...]:
+    """The attention kind of each KV-cache group, as the lifecycle chapter names them."""
+    return tuple(_kind(kv_spec) for kv_spec in groups_config(config).kv_cache_specs)
+
+
 # -- contracts -------------------------------------------------------------------------------
 def _refcounts_balanced(manager: KVCacheManager) -> bool:
     occurrences = Counter(b.block_id for group in manager.groups for table in group.req_to_blocks.values()

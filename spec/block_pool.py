@@ -54,7 +54,7 @@ KV_POOL_001 = rule(
     never put back, so it is never handed out by an allocation.""",
     source=f"{POOL} BlockPool.__init__ (null_block = free_block_queue.popleft())",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_POOL_002 = rule(
     "KV-POOL-002",
@@ -64,7 +64,7 @@ KV_POOL_002 = rule(
     source=f"{POOL} BlockPool.touch, free_blocks, cache_full_blocks (skip is_null)",
     chapter=CHAPTER,
     needs=("ref_counts",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_003 = rule(
     "KV-POOL-003",
@@ -73,7 +73,7 @@ KV_POOL_003 = rule(
     source=f"{UTILS} FreeKVCacheBlockQueue.__init__",
     chapter=CHAPTER,
     needs=("exact_block_ids", "free_queue"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_POOL_004 = rule(
     "KV-POOL-004",
@@ -83,7 +83,7 @@ KV_POOL_004 = rule(
     source=f"{POOL} BlockPool.get_new_blocks; {UTILS} FreeKVCacheBlockQueue.popleft_n",
     chapter=CHAPTER,
     needs=("exact_block_ids",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_005 = rule(
     "KV-POOL-005",
@@ -93,7 +93,7 @@ KV_POOL_005 = rule(
     source=f"{POOL} BlockPool.get_new_blocks / _maybe_evict_cached_block",
     chapter=CHAPTER,
     needs=("exact_block_ids", "cache_map"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_POOL_006 = rule(
     "KV-POOL-006",
@@ -104,7 +104,7 @@ KV_POOL_006 = rule(
     source=f"{POOL} BlockPool.free_blocks",
     chapter=CHAPTER,
     needs=("exact_block_ids", "free_queue"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_POOL_007 = rule(
     "KV-POOL-007",
@@ -114,7 +114,7 @@ KV_POOL_007 = rule(
     source="vllm/v1/core/single_type_kv_cache_manager.py SingleTypeKVCacheManager.free",
     chapter=CHAPTER,
     needs=("exact_block_ids", "free_queue"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_POOL_008 = rule(
     "KV-POOL-008",
@@ -124,7 +124,7 @@ KV_POOL_008 = rule(
     source=f"{POOL} BlockPool.touch",
     chapter=CHAPTER,
     needs=("free_queue", "ref_counts"),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_009 = rule(
     "KV-POOL-009",
@@ -135,7 +135,7 @@ KV_POOL_009 = rule(
     source=f"{POOL} BlockHashToBlockMap (NOTE #1, get_one_block)",
     chapter=CHAPTER,
     needs=("exact_block_ids", "cache_map"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_POOL_010 = rule(
     "KV-POOL-010",
@@ -145,7 +145,7 @@ KV_POOL_010 = rule(
     source=f"{POOL} BlockPool.get_new_blocks (assert ref_cnt == 0), touch, free_blocks",
     chapter=CHAPTER,
     needs=("free_queue", "ref_counts"),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_011 = rule(
     "KV-POOL-011",
@@ -156,7 +156,7 @@ KV_POOL_011 = rule(
     "(touch paired with table append), free",
     chapter=CHAPTER,
     needs=("ref_counts",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_012 = rule(
     "KV-POOL-012",
@@ -165,7 +165,7 @@ KV_POOL_012 = rule(
     1 - free / (num_blocks - 1).""",
     source=f"{POOL} BlockPool.get_num_free_blocks, get_usage",
     chapter=CHAPTER,
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_013 = rule(
     "KV-POOL-013",
@@ -175,7 +175,7 @@ KV_POOL_013 = rule(
     source=f"{POOL} BlockPool.evict_blocks",
     chapter=CHAPTER,
     needs=("evict", "cache_map"),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_014 = rule(
     "KV-POOL-014",
@@ -185,7 +185,7 @@ KV_POOL_014 = rule(
     source=f"{POOL} BlockPool.reset_prefix_cache",
     chapter=CHAPTER,
     needs=("reset",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_POOL_015 = rule(
     "KV-POOL-015",
@@ -196,7 +196,7 @@ KV_POOL_015 = rule(
     source=f"{POOL} _insert_block_hash, _remove_cached_block_hashes",
     chapter=CHAPTER,
     needs=("cache_map",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 
 

@@ -32,7 +32,8 @@ KV_CROSS_001 = rule(
     that number.""",
     source=f"{COORD} KVCacheCoordinator.get_num_blocks_to_allocate / allocate_new_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_CROSS_002 = rule(
     "KV-CROSS-002",
@@ -41,7 +42,8 @@ KV_CROSS_002 = rule(
     never adopts computed cross-attention blocks.""",
     source=f"{STKV} CrossAttentionManager.find_longest_cache_hit / cache_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 
 

@@ -84,7 +84,7 @@ KV_DATA_001 = rule(
     source=f"vllm/v1/core/kv_cache_manager.py get_computed_blocks; {RUNNER}",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_DATA_002 = rule(
     "KV-DATA-002",
@@ -95,7 +95,7 @@ KV_DATA_002 = rule(
     source=f"{POOL} BlockPool.cache_full_blocks (num_full_blocks from num_tokens_to_cache)",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_DATA_003 = rule(
     "KV-DATA-003",
@@ -106,7 +106,7 @@ KV_DATA_003 = rule(
     source=f"{POOL} BlockPool.get_new_blocks (assert ref_cnt == 0), is_block_writable",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_DATA_004 = rule(
     "KV-DATA-004",
@@ -117,7 +117,7 @@ KV_DATA_004 = rule(
     source=f"{POOL} BlockPool.get_new_blocks / _maybe_evict_cached_block",
     chapter=CHAPTER,
     needs=("kv_data", "cache_map"),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_DATA_005 = rule(
     "KV-DATA-005",
@@ -127,7 +127,7 @@ KV_DATA_005 = rule(
     source=f"{POOL} BlockPool.__init__ (null_block); {RUNNER}",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 
 KV_DATA_006 = rule(
@@ -143,7 +143,7 @@ KV_DATA_006 = rule(
            "find_longest_cache_hit)",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 
 #: Kinds of group holding one slot of KV per token of the request: the store writes and

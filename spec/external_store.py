@@ -193,6 +193,7 @@ KV_EXT_009 = rule(
            "KVCacheCoordinator.__init__ (drop_eagle_group_ids)",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 KV_EXT_010 = rule(
     "KV-EXT-010",
@@ -207,6 +208,7 @@ KV_EXT_010 = rule(
            "looked-up full-attention group); vLLM PR #50359",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 
 KV_EXT_011 = rule(
@@ -259,6 +261,7 @@ KV_EXT_013 = rule(
            "(eagle_margin), get_kv_cache_coordinator",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 KV_EXT_014 = rule(
     "KV-EXT-014",

@@ -40,7 +40,7 @@ KV_FULL_001 = rule(
     cache keys are all cached, examining at most max_length // block_size blocks.""",
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit (phase 1)",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_FULL_002 = rule(
     "KV-FULL-002",
@@ -50,7 +50,7 @@ KV_FULL_002 = rule(
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit; block_pool.py get_cached_block",
     chapter=CHAPTER,
     needs=("exact_block_ids",),
-    judged_by=("lockstep", "hybrid", "hybrid-lifecycle"),
+    judged_by=("manager", "hybrid"),
 )
 KV_FULL_003 = rule(
     "KV-FULL-003",
@@ -60,7 +60,7 @@ KV_FULL_003 = rule(
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit (drop_eagle_block)",
     chapter=CHAPTER,
     needs=("eagle",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_FULL_004 = rule(
     "KV-FULL-004",
@@ -69,7 +69,7 @@ KV_FULL_004 = rule(
     at most max_length, and equals the number of hit blocks times the block size.""",
     source=f"{STKV} FullAttentionManager.find_longest_cache_hit (round down, trim)",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_FULL_005 = rule(
     "KV-FULL-005",
@@ -78,7 +78,7 @@ KV_FULL_005 = rule(
     never shortens it.""",
     source="consequence of KV-FULL-001",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 
 

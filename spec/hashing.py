@@ -51,7 +51,7 @@ KV_HASH_001 = rule(
     source=f"{VLLM_UTILS} hash_block_tokens, init_none_hash, get_request_block_hasher",
     chapter=CHAPTER,
     needs=("request_hashes",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_HASH_002 = rule(
     "KV-HASH-002",
@@ -61,7 +61,7 @@ KV_HASH_002 = rule(
     source=f"{VLLM_UTILS} get_request_block_hasher (\"We only hash full blocks\")",
     chapter=CHAPTER,
     needs=("request_hashes",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_HASH_003 = rule(
     "KV-HASH-003",
@@ -71,7 +71,7 @@ KV_HASH_003 = rule(
     source="vllm/v1/request.py Request.append_output_token_ids / update_block_hashes",
     chapter=CHAPTER,
     needs=("request_hashes",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_HASH_004 = rule(
     "KV-HASH-004",
@@ -81,7 +81,7 @@ KV_HASH_004 = rule(
     source=f"{VLLM_UTILS} hash_block_tokens (parent hash is part of the hashed tuple)",
     chapter=CHAPTER,
     needs=("request_hashes",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_HASH_005 = rule(
     "KV-HASH-005",
@@ -91,7 +91,7 @@ KV_HASH_005 = rule(
     source=f"{VLLM_UTILS} make_block_hash_with_group_id; block_pool.py get_cached_block",
     chapter=CHAPTER,
     needs=("cache_map",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_HASH_006 = rule(
     "KV-HASH-006",
@@ -113,7 +113,7 @@ KV_HASH_007 = rule(
     "and the salt is truthy), _gen_lora_extra_hash_keys",
     chapter=CHAPTER,
     needs=("request_hashes", "cache_salt"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 
 #: The parent of block 0: a fixed seed, so independent processes agree on hashes.

@@ -108,7 +108,7 @@ KV_HYB_003 = rule(
     engine answer.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (docstring: fixed point)",
     chapter=CHAPTER,
-    judged_by=("hybrid", "hybrid-lifecycle"),
+    judged_by=("hybrid", "manager"),
 )
 KV_HYB_004 = rule(
     "KV-HYB-004",
@@ -153,9 +153,13 @@ KV_HYB_008 = rule(
     "KV-HYB-008",
     "Uncached common prefix tokens",
     """num_uncached_common_prefix_tokens is the longest candidate any spec group answered
-    during the loop minus the final hit length.""",
-    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (longest_hit_length)",
+    during the loop minus the final hit length. A model with one KV-cache group has no loop
+    (KV-HYB-014) and reports 0.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (longest_hit_length); "
+           "UnitaryKVCacheCoordinator.find_longest_cache_hit",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
+    needs=("uncached_prefix_tokens",),
 )
 KV_HYB_009 = rule(
     "KV-HYB-009",
@@ -178,7 +182,8 @@ KV_HYB_010 = rule(
     tokens, when that rounded length is positive.""",
     source=f"{COORD} HybridKVCacheCoordinator.get_num_cacheable_tokens; KVCacheCoordinator.cache_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HYB_011 = rule(
     "KV-HYB-011",
@@ -187,6 +192,8 @@ KV_HYB_011 = rule(
     max_cache_hit_length, with its EAGLE drop and margin, and reports each group's own hit.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit_per_group",
     chapter=CHAPTER,
+    judged_by=("hybrid",),
+    needs=("per_group_lookup",),
 )
 KV_HYB_012 = rule(
     "KV-HYB-012",
@@ -196,7 +203,8 @@ KV_HYB_012 = rule(
     if the sum exceeds the free blocks.""",
     source=f"{COORD} KVCacheCoordinator.get_num_blocks_to_allocate",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HYB_013 = rule(
     "KV-HYB-013",
@@ -206,7 +214,7 @@ KV_HYB_013 = rule(
     block. The null block is never freed, touched or counted (KV-POOL-002).""",
     source="vllm/v1/core/single_type_kv_cache_manager.py (per-type find_longest_cache_hit)",
     chapter=CHAPTER,
-    judged_by=("hybrid", "hybrid-lifecycle"),
+    judged_by=("hybrid", "manager"),
 )
 
 KV_HYB_014 = rule(
@@ -218,7 +226,8 @@ KV_HYB_014 = rule(
     are cached, an EAGLE hit is then one block shorter than the hybrid loop would answer.""",
     source=f"{COORD} UnitaryKVCacheCoordinator.find_longest_cache_hit",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 
 

@@ -87,7 +87,8 @@ KV_HLC_001 = rule(
     their new blocks in group order, and then each group caches its blocks.""",
     source=f"{MGR} KVCacheManager.allocate_slots; {COORD} allocate_new_computed_blocks (two phases)",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_002 = rule(
     "KV-HLC-002",
@@ -98,7 +99,8 @@ KV_HLC_002 = rule(
     sit in the free queue (ref count 0, not null).""",
     source=f"{STKV} SingleTypeKVCacheManager.get_num_blocks_to_allocate",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_003 = rule(
     "KV-HLC-003",
@@ -108,7 +110,8 @@ KV_HLC_003 = rule(
     are touched, and the group then tracks the request with all of them counted as cached.""",
     source=f"{STKV} SingleTypeKVCacheManager.add_local_computed_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_004 = rule(
     "KV-HLC-004",
@@ -118,7 +121,8 @@ KV_HLC_004 = rule(
     by KV-POOL-006).""",
     source=f"{COORD} KVCacheCoordinator.free; {STKV} SingleTypeKVCacheManager.pop_blocks_for_free",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_005 = rule(
     "KV-HLC-005",
@@ -130,7 +134,8 @@ KV_HLC_005 = rule(
     block -- except with window 1 and no EAGLE, where no hit can read any block.""",
     source=f"{STKV} SingleTypeKVCacheManager.cache_blocks; {COORD} KVCacheCoordinator.cache_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_006 = rule(
     "KV-HLC-006",
@@ -146,7 +151,8 @@ KV_HLC_006 = rule(
     source=f"{STKV} FullAttentionManager.cache_blocks / _cache_partial_tail_block",
     chapter=CHAPTER,
     kind="divergence",
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_008 = rule(
     "KV-HLC-008",
@@ -158,7 +164,8 @@ KV_HLC_008 = rule(
     own. Nothing is cached.""",
     source=f"{STKV} MambaManager.get_num_skipped_tokens / get_num_blocks_to_allocate / allocate_new_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_HLC_007 = rule(
     "KV-HLC-007",

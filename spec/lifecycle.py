@@ -58,7 +58,7 @@ KV_LIFE_001 = rule(
     two values.)""",
     source=f"{MANAGER} KVCacheManager.get_computed_blocks",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_002 = rule(
     "KV-LIFE-002",
@@ -67,7 +67,7 @@ KV_LIFE_002 = rule(
     source=f"{MANAGER} prefix_cache_lookup_enabled; kv_cache_coordinator.py "
     "KVCacheCoordinatorNoPrefixCache.find_longest_cache_hit",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_003 = rule(
     "KV-LIFE-003",
@@ -78,7 +78,7 @@ KV_LIFE_003 = rule(
     succeeds iff that number is at most the number of free blocks.""",
     source=f"{MANAGER} allocate_slots; {STKV} SingleTypeKVCacheManager.get_num_blocks_to_allocate",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_004 = rule(
     "KV-LIFE-004",
@@ -89,7 +89,7 @@ KV_LIFE_004 = rule(
     source=f"{MANAGER} allocate_slots (\"Cannot allocate new blocks\" returns before any "
     "mutation)",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_005 = rule(
     "KV-LIFE-005",
@@ -101,7 +101,7 @@ KV_LIFE_005 = rule(
     source=f"{MANAGER} allocate_slots; kv_cache_coordinator.py allocate_new_computed_blocks, "
     "allocate_new_blocks",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_006 = rule(
     "KV-LIFE-006",
@@ -112,7 +112,7 @@ KV_LIFE_006 = rule(
     "(two-phase, issue #33775)",
     chapter=CHAPTER,
     needs=("exact_block_ids",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_007 = rule(
     "KV-LIFE-007",
@@ -125,7 +125,7 @@ KV_LIFE_007 = rule(
     source=f"{MANAGER} allocate_slots (num_tokens_to_cache); {STKV} cache_blocks",
     chapter=CHAPTER,
     needs=("cache_map",),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_008 = rule(
     "KV-LIFE-008",
@@ -134,7 +134,7 @@ KV_LIFE_008 = rule(
     source=f"{MANAGER} allocate_slots (P/D: delay caching blocks)",
     chapter=CHAPTER,
     needs=("delay_cache", "cache_map"),
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_009 = rule(
     "KV-LIFE-009",
@@ -143,7 +143,7 @@ KV_LIFE_009 = rule(
     forgets the request; freeing a request that holds no blocks is a no-op.""",
     source=f"{STKV} SingleTypeKVCacheManager.free / pop_blocks_for_free",
     chapter=CHAPTER,
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_LIFE_010 = rule(
     "KV-LIFE-010",
@@ -154,7 +154,7 @@ KV_LIFE_010 = rule(
     source=f"{MANAGER} KVCacheManager.get_num_common_prefix_blocks (0.33.0)",
     chapter=CHAPTER,
     kind="divergence",
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_011 = rule(
     "KV-LIFE-011",
@@ -164,7 +164,7 @@ KV_LIFE_011 = rule(
     count equals the number of requests holding blocks.""",
     source="seed 001/002 FullAttentionManager.get_num_common_prefix_blocks",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_012 = rule(
     "KV-LIFE-012",
@@ -175,7 +175,7 @@ KV_LIFE_012 = rule(
     "block_pool.py free_blocks",
     chapter=CHAPTER,
     needs=("caching_off", "cache_map"),
-    judged_by=("lockstep", "hybrid-lifecycle"),
+    judged_by=("manager",),
 )
 KV_LIFE_013 = rule(
     "KV-LIFE-013",
@@ -186,7 +186,7 @@ KV_LIFE_013 = rule(
     source=f"{MANAGER} allocate_slots (first statement)",
     chapter=CHAPTER,
     kind="divergence",
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_014 = rule(
     "KV-LIFE-014",
@@ -195,7 +195,7 @@ KV_LIFE_014 = rule(
     position; tables only grow.""",
     source="vllm/v1/core/block_pool.py BlockHashToBlockMap NOTE #1",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 KV_LIFE_015 = rule(
     "KV-LIFE-015",
@@ -204,7 +204,7 @@ KV_LIFE_015 = rule(
     slots beyond max_model_len are not allocated.""",
     source=f"{MANAGER} allocate_slots (num_tokens_need_slot = min(..., max_model_len))",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 
 KV_LIFE_016 = rule(
@@ -215,7 +215,7 @@ KV_LIFE_016 = rule(
     allocate_slots, free, evict_blocks and reset_prefix_cache do.""",
     source=f"{MANAGER} get_computed_blocks (a pure lookup; touch happens in allocate_slots)",
     chapter=CHAPTER,
-    judged_by=("lockstep",),
+    judged_by=("manager",),
 )
 
 

@@ -34,14 +34,14 @@ RULE_ID_PATTERN = re.compile(r"^KV-[A-Z]+-\d{3}$")
 RULE_KINDS = ("normative", "divergence", "validation")
 
 #: The conformance suites that judge rules against engines (``kvoracle check --suite``).
-SUITES = ("lockstep", "hybrid", "hybrid-lifecycle", "external-store")
+SUITES = ("manager", "hybrid", "external-store")
 
 #: The engine capabilities a rule can need: the flags of
 #: ``kvoracle.conformance.adapter.Capabilities`` (the spec does not import the
 #: conformance package; a test keeps the two in step).
 CAPABILITIES = ("exact_block_ids", "free_queue", "ref_counts", "cache_map", "request_hashes", "eagle",
                 "caching_off", "lookahead", "delay_cache", "evict", "reset", "cache_salt",
-                "hash_block_views", "kv_data")
+                "hash_block_views", "kv_data", "kv_cache_groups", "uncached_prefix_tokens", "per_group_lookup")
 
 #: ``spec_only`` reasons shared by several rules.
 INPUT_VALIDATION = ("kvoracle's own input validation: it rejects the configuration or argument with a "
@@ -57,27 +57,17 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 #: with what a suite would need to judge it. Exactly the rules with neither
 #: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that).
 NOT_YET_JUDGED: dict[str, str] = {
-    "KV-CHUNK-002": "hybrid-lifecycle: the skip count shows only as the null prefix that KV-SWA-007's "
+    "KV-CHUNK-002": "manager (several groups): the skip count shows only as the null prefix that KV-SWA-007's "
                     "freeing or KV-HLC-003's adoption leaves; counting at n - 1 ((n - 1) // chunk * chunk) "
                     "keeps a whole chunk, as freeing at the computed count before the step (against "
                     "KV-HLC-001) does whenever that count lies in the previous chunk; the adapter would have "
                     "to report get_num_skipped_tokens to tell them apart",
-    "KV-EXT-009": "external-store: with EAGLE-marked groups and use_eagle off (already generated), recognise a "
-                  "hit that applies the store's drop (store_eagle_groups) and charge it here, not to KV-EXT-001",
-    "KV-EXT-010": "external-store: for an engine with partial hash hits, recognise a KV-EXT-002 failure where a "
-                  "full-attention group was trimmed to another group's shorter hash boundary and charge it here",
-    "KV-EXT-013": "external-store: with one spec group of several groups, EAGLE and a bound below the hashed "
-                  "tokens, recognise the hit that skips the look-ahead and charge it here, not to KV-EXT-001",
     "KV-EXT-014": "external-store: generate EAGLE with a sliding window of 1 (store_setups turns it into 2 today) "
                   "and charge the block load_mask adds before the hit to this rule",
-    "KV-HASH-006": "hybrid-lifecycle: claim hash_block_views and charge the cache keys of groups coarser than the "
-                   "hash block (block j under hash unit (j+1)*k-1) to this rule; the cache-map comparison charges "
-                   "them to the caching rules today",
-    "KV-HYB-008": "hybrid: the lookup adapter would report the coordinator's third result (uncached common "
-                  "prefix tokens), to compare with the spec's fixed_point",
-    "KV-HYB-011": "hybrid: the lookup adapter would need a per-group lookup operation "
-                  "(find_longest_cache_hit_per_group), to compare with per_group_hits",
-    "KV-SWA-006": "hybrid-lifecycle: the skip count shows only as the null prefix that KV-SWA-007's "
+    "KV-HASH-006": "manager (several groups): claim hash_block_views and charge the cache keys of groups coarser "
+                   "than the hash block (block j under hash unit (j+1)*k-1) to this rule; the cache-map "
+                   "comparison charges them to the caching rules today",
+    "KV-SWA-006": "manager (several groups): the skip count shows only as the null prefix that KV-SWA-007's "
                   "freeing or KV-SWA-009's adoption leaves; a count one token short (n - window) leaves "
                   "exactly the table and free queue of a freeing loop that stops one block short, so the "
                   "adapter would have to report get_num_skipped_tokens to tell them apart",

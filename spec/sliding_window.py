@@ -124,7 +124,8 @@ KV_SWA_007 = rule(
     frees the collected blocks in that order, and puts the null block in their places.""",
     source=f"{STKV} SingleTypeKVCacheManager.remove_skipped_blocks / _remove_blocks_in_range",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_SWA_008 = rule(
     "KV-SWA-008",
@@ -136,7 +137,8 @@ KV_SWA_008 = rule(
     source=f"{MGR} KVCacheManager.allocate_slots (remove_skipped_blocks before the check)",
     chapter=CHAPTER,
     kind="divergence",
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_SWA_009 = rule(
     "KV-SWA-009",
@@ -147,7 +149,8 @@ KV_SWA_009 = rule(
     blocks.""",
     source=f"{STKV} SingleTypeKVCacheManager.get_num_blocks_to_allocate / add_local_computed_blocks",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 KV_SWA_010 = rule(
     "KV-SWA-010",
@@ -170,7 +173,8 @@ KV_SWA_011 = rule(
     segment that some aligned hit could read. Otherwise every full block is cached.""",
     source=f"{STKV} SlidingWindowManager.reachable_block_mask (retention_interval None)",
     chapter=CHAPTER,
-    judged_by=("hybrid-lifecycle",),
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
 )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
-from kvoracle.conformance.hybrid_lifecycle import ReferenceHybridLifecycle
+from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 from kvoracle.reference import KVCacheManager
 from kvoracle.reference.block import KVCacheBlock
@@ -272,7 +272,7 @@ class _CachesCrossBlocks(KVCacheManager):
         return result
 
 
-class CachesCrossAttentionBlocks(ReferenceHybridLifecycle):
+class CachesCrossAttentionBlocks(ReferenceEngine):
     name = "broken-caches-cross-attention-blocks"
 
     def make_manager(self, config: HybridConfig) -> KVCacheManager:  # type: ignore[override]
@@ -289,5 +289,5 @@ EXPECTED = {
     "SpecGroupHitForFirstGroupOnly": ("hybrid", "KV-HYB-002"),
     "SpecGroupReadsFirstGroupOnly": ("hybrid", "KV-HYB-002"),
     "NoSinglePassStop": ("hybrid", "KV-HYB-005"),
-    "CachesCrossAttentionBlocks": ("hybrid-lifecycle", "KV-CROSS-002"),
+    "CachesCrossAttentionBlocks": ("manager", "KV-CROSS-002"),
 }

@@ -40,7 +40,7 @@ def _cli(*args: str, cwd: Path | None = None, env: dict | None = None
 
 # -- the reference passes its own suite ------------------------------------------------------
 def test_reference_conforms_and_every_applicable_rule_is_exercised(tmp_path: Path) -> None:
-    result = run_suite("reference", RunOptions(max_examples=60, replay_dir=tmp_path))
+    result = run_suite("reference", RunOptions(max_examples=150, replay_dir=tmp_path))
     outcomes = {rule: o.outcome for rule, o in result.verdicts.outcomes.items()}
     assert result.ok, outcomes
     assert result.internal_errors == []
@@ -104,7 +104,7 @@ def test_replay_finds_the_rule_and_the_reference_passes_the_same_steps() -> None
 def test_replay_file_is_a_runnable_pytest_module(tmp_path: Path) -> None:
     example = Counterexample("KV-POOL-007", "free queue differs", FORWARD_FREE_STEPS)
     path = write_replay(tmp_path, get_suite("lockstep"), "broken_engines:ForwardFree", example)
-    assert path.name == "test_lockstep_kv_pool_007_broken_engines_forwardfree.py"
+    assert path.name == "test_manager_kv_pool_007_broken_engines_forwardfree.py"
     namespace: dict = {}
     exec(compile(path.read_text(), str(path), "exec"), namespace)
     assert namespace["STEPS"] == FORWARD_FREE_STEPS

@@ -80,11 +80,11 @@ def test_a_listed_failure_is_expected_and_a_fixed_one_fails_the_run(tmp_path: Pa
     reason = {"KV-POOL-007": "frees the head first"}
     broken = run_suite(broken_engines.ForwardFree,
                        RunOptions(max_examples=20, max_rounds=2, replay_dir=tmp_path),
-                       expectations=reason)
+                       expectations=reason, suite="lockstep")
     assert broken.verdicts.outcomes["KV-POOL-007"].outcome == "expected-fail"
     assert broken.ok
-    fixed = run_suite("reference", RunOptions(max_examples=20, replay_dir=tmp_path),
-                      expectations=reason)
+    fixed = run_suite("reference", RunOptions(max_examples=40, replay_dir=tmp_path),
+                      expectations=reason, suite="lockstep")
     assert fixed.verdicts.outcomes["KV-POOL-007"].outcome == "unexpected-pass"
     assert not fixed.ok
 
@@ -93,7 +93,7 @@ def test_check_loads_the_engines_file(tmp_path: Path, monkeypatch: pytest.Monkey
                                       capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.setattr(exp, "ENGINES_DIR", tmp_path)
     # In this process (no supervised worker process), so that the run sees the patched ENGINES_DIR.
-    common = ["check", "--engine", "reference", "--suite", "lockstep", "--max-examples", "20", "--no-replay",
+    common = ["check", "--engine", "reference", "--suite", "lockstep", "--max-examples", "40", "--no-replay",
               "--in-process"]
     assert cli.main(common) == 0  # no reference.toml: nothing expected
     _write(tmp_path, "reference")

@@ -16,8 +16,8 @@ import pytest
 from kvoracle.conformance.harness import RunOptions, run_suite
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
-from kvoracle.conformance.hybrid_lifecycle import Arrive, LifecycleSetup, Run
 from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, Seed
+from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Schedule
 from kvoracle.spec import get_rule
 from kvoracle.spec.registry import NOT_YET_JUDGED
 
@@ -79,9 +79,9 @@ STATES = {
     # Caching off (as cross attention requires, KV-HLC-007): the broken manager caches the
     # cross-attention blocks of the first request all the same.
     "CachesCrossAttentionBlocks": [
-        LifecycleSetup(groups=((FULL, 1, 0), ("cross_attention", 1, 0)), hash_block_size=1, num_blocks=20,
+        ConfigureGroups(groups=((FULL, 1, 0), ("cross_attention", 1, 0)), hash_block_size=1, num_blocks=20,
                        max_model_len=16, use_eagle=False, enable_caching=False, num_encoder_tokens=4),
-        Arrive("r0", (1, 2, 3, 1, 2)), Run("r0", 5)],
+        AddRequest("r0", (1, 2, 3, 1, 2)), Schedule("r0", 5)],
 }
 
 #: The broken engines the generated suite must convict within one round of 150 examples.

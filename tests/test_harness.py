@@ -225,7 +225,7 @@ def test_a_hang_in_any_suite_is_ended_and_its_replay_fails_while_it_hangs(runs) 
     (["--expectations", "{bad}"], "not valid TOML"),
     (["--engine", "collections:OrderedDict"], "lacks configure"),
     (["--engine", "collections:OrderedDict", "--suite", "hybrid"], "is not a hybrid adapter"),
-    (["--engine", "gpu", "--suite", "hybrid"], "has no adapter for the hybrid suite; it has one for: lockstep"),
+    (["--engine", "gpu", "--suite", "hybrid"], "has no adapter for the hybrid suite; it has one for: manager"),
     (["--engine", "no_such_module:Engine"], "cannot import no_such_module"),
 ])
 def test_bad_options_exit_2_before_anything_runs(tmp_path: Path, args, message) -> None:
@@ -247,8 +247,8 @@ def test_without_suite_every_suite_the_adapter_offers_runs(tmp_path: Path) -> No
                   "--json", str(report))
     data = json.loads(report.read_text())
     assert [s["suite"] for s in data["suites"]] == ["hybrid"], done.stdout + done.stderr
-    assert set(data["unsupported_suites"]) == {"lockstep", "hybrid-lifecycle", "external-store"}
-    assert "lacks" in data["unsupported_suites"]["lockstep"]
+    assert set(data["unsupported_suites"]) == {"manager", "external-store"}
+    assert "lacks" in data["unsupported_suites"]["manager"]
 
 
 def test_hypothesis_files_go_where_asked_never_into_the_current_directory(tmp_path: Path) -> None:

@@ -10,18 +10,13 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.suites import capabilities_of, get_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
-from kvoracle.conformance.hybrid_lifecycle import (
-    Arrive,
-    LifecycleDriver,
-    LifecycleSetup,
-    ReferenceHybridLifecycle,
-    Release,
-    Run,
-)
+from kvoracle.conformance.manager import ManagerDriver
+from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, Schedule
 from kvoracle.reference import KVCacheManager, Request, SingleTypeManager
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.kv_cache_spec import CrossAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
@@ -196,7 +191,7 @@ def test_one_state_block_per_request() -> None:
 
 
 def test_reference_suite_passes() -> None:
-    result = run_suite("reference", RunOptions(max_examples=150, replay_dir=None), suite="hybrid-lifecycle")
+    result = run_suite("reference", RunOptions(max_examples=150, replay_dir=None), suite="manager")
     assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
                        if o.outcome not in ("pass", "not-applicable")]
 
@@ -241,35 +236,35 @@ class MambaKeepsEveryState(SingleTypeManager):
         return 0 if self.kind == MAMBA else super().skipped_tokens(num_computed_tokens)
 
 
-def _engine(groups_class: type[SingleTypeManager]) -> type[ReferenceHybridLifecycle]:
+def _engine(groups_class: type[SingleTypeManager]) -> type[ReferenceEngine]:
     class Manager(KVCacheManager):
         def __init__(self, config: HybridConfig) -> None:
             super().__init__(config)
             self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
                                              g.eagle, g.num_speculative_blocks) for g in self.groups)
 
-    return type(f"Broken_{groups_class.__name__}", (ReferenceHybridLifecycle,),
+    return type(f"Broken_{groups_class.__name__}", (ReferenceEngine,),
                 {"make_manager": lambda self, config: Manager(config)})
 
 
 #: Fixed step lists that expose each bug, and the rule each must be convicted of.
-SWA_MODEL = LifecycleSetup(((FULL, 2, 0), (SWA, 1, 2)), 1, 40, 32)
+SWA_MODEL = ConfigureGroups(((FULL, 2, 0), (SWA, 1, 2)), 1, 40, 32)
 CASES = {
     "forward free": (ForwardFreeGroups, "KV-HLC-004", [
-        SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2)), Run("a", 6), Release("a")]),
+        SWA_MODEL, AddRequest("a", (1, 2, 3, 0, 1, 2)), Schedule("a", 6), Free("a")]),
     "keeps skipped blocks": (KeepsSkippedBlocks, "KV-SWA-007", [
-        SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2)), Run("a", 3), Run("a", 3)]),
+        SWA_MODEL, AddRequest("a", (1, 2, 3, 0, 1, 2)), Schedule("a", 3), Schedule("a", 3)]),
     "caches unreachable blocks": (CachesUnreachable, "KV-SWA-011", [
-        LifecycleSetup(((FULL, 4, 0), (SWA, 1, 2)), 1, 40, 32), Arrive("a", tuple(range(9))), Run("a", 9)]),
+        ConfigureGroups(((FULL, 4, 0), (SWA, 1, 2)), 1, 40, 32), AddRequest("a", tuple(range(9))), Schedule("a", 9)]),
     "forgets adopted hits": (ForgetsAdoptedHits, "KV-POOL-002", [
-        SWA_MODEL, Arrive("a", (1, 2, 3, 0, 1, 2, 3)), Run("a", 7), Release("a"),
-        Arrive("b", (1, 2, 3, 0, 1, 2, 3, 3)), Run("b", 8)]),
+        SWA_MODEL, AddRequest("a", (1, 2, 3, 0, 1, 2, 3)), Schedule("a", 7), Free("a"),
+        AddRequest("b", (1, 2, 3, 0, 1, 2, 3, 3)), Schedule("b", 8)]),
     "Mamba keeps every state": (MambaKeepsEveryState, "KV-HLC-008", [
-        LifecycleSetup(((FULL, 2, 0), (MAMBA, 2, 0)), 1, 40, 16, enable_caching=False),
-        Arrive("a", (1, 2, 3, 0, 1)), Run("a", 3), Run("a", 2)]),
+        ConfigureGroups(((FULL, 2, 0), (MAMBA, 2, 0)), 1, 40, 16, enable_caching=False),
+        AddRequest("a", (1, 2, 3, 0, 1)), Schedule("a", 3), Schedule("a", 2)]),
     "ignores partial tail entries": (IgnoresPartialTail, "KV-HLC-006", [
-        LifecycleSetup(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
-        Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")]),
+        ConfigureGroups(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
+        AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Free("r0")]),
 }
 
 
@@ -277,7 +272,7 @@ CASES = {
 def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
     groups_class, rule_id, steps = CASES[name]
     engine = _engine(groups_class)
-    replay("hybrid-lifecycle", ReferenceHybridLifecycle, steps)  # the reference passes the case
+    replay("hybrid-lifecycle", ReferenceEngine, steps)  # the reference passes the case
     with pytest.raises(RuleViolation) as failure:
         replay("hybrid-lifecycle", engine, steps)
     assert failure.value.rule_id == rule_id, failure.value.message
@@ -293,17 +288,17 @@ def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
 
 
 def test_driver_reports_an_engine_that_raises() -> None:
-    class Raises(ReferenceHybridLifecycle):
+    class Raises(ReferenceEngine):
         def allocate(self, *args, **kwargs):
             raise RuntimeError("boom")
 
     scope = set(get_suite("hybrid-lifecycle").scope())
     verdicts = Verdicts(capabilities_of(Raises()), scope=lambda rule: rule.id in scope)
-    driver = LifecycleDriver(Raises, verdicts)
+    driver = ManagerDriver(Raises, verdicts)
     driver.apply(SWA_MODEL)
-    driver.apply(Arrive("a", (1, 2)))
+    driver.apply(AddRequest("a", (1, 2)))
     with pytest.raises(RuleViolation) as failure:
-        driver.apply(Run("a", 2))
+        driver.apply(Schedule("a", 2))
     assert failure.value.rule_id == "KV-HLC-001" and "boom" in failure.value.message
     assert failure.value.is_engine_error and failure.value.engine_error_kind == "raised"
 
@@ -321,9 +316,9 @@ def test_partial_tail_boundary(prompt: int, hashes: int, hash_size: int, scale: 
 def test_partial_tail_orders_the_free_queue() -> None:
     """KV-HLC-006, found against vLLM 0.33.0: a 3-token prompt with EAGLE leaves block 5 (tokens
     2..3 of the 2-token group) with a partial entry, so freeing appends it like a cached block."""
-    steps = [LifecycleSetup(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
-             Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")]
-    engine = ReferenceHybridLifecycle()
+    steps = [ConfigureGroups(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
+             AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Free("r0")]
+    engine = ReferenceEngine()
     engine.configure(steps[0].config())
     engine.add_request("r0", (0, 0, 0))
     engine.lookup("r0")
@@ -331,4 +326,4 @@ def test_partial_tail_orders_the_free_queue() -> None:
     engine.advance("r0", 3)
     engine.free("r0")
     assert engine.observe().free_queue == (3, 2, 1, 5, 4)
-    replay("hybrid-lifecycle", ReferenceHybridLifecycle, steps)
+    replay("hybrid-lifecycle", ReferenceEngine, steps)

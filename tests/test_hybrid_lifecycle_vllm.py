@@ -8,27 +8,22 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm.
 
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.runner import RunOptions, run_suite
-from kvoracle.conformance.hybrid_lifecycle import (
-    Arrive,
-    LifecycleSetup,
-    Release,
-    Run,
-)
+from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, Schedule
 from kvoracle.spec import all_rules
 
 
 def test_partial_tail_entry_orders_the_free_queue_as_specified() -> None:
     """KV-HLC-006: the case the suite found before the reference modelled partial entries."""
     replay("hybrid-lifecycle", "vllm", [
-        LifecycleSetup((("full", 1, 0), ("full", 2, 0)), 1, 6, 8, use_eagle=True),
-        Arrive("r0", (0, 0, 0)), Run("r0", 3), Release("r0")])
+        ConfigureGroups((("full", 1, 0), ("full", 2, 0)), 1, 6, 8, use_eagle=True),
+        AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Free("r0")])
 
 
 def test_sliding_window_lifecycle_matches() -> None:
     replay("hybrid-lifecycle", "vllm", [
-        LifecycleSetup((("full", 2, 0), ("sliding_window", 1, 2)), 1, 40, 32),
-        Arrive("a", (1, 2, 3, 0, 1, 2, 3)), Run("a", 3), Run("a", 4), Release("a"),
-        Arrive("b", (1, 2, 3, 0, 1, 2, 3, 3)), Run("b", 8), Release("b", preempted=True)])
+        ConfigureGroups((("full", 2, 0), ("sliding_window", 1, 2)), 1, 40, 32),
+        AddRequest("a", (1, 2, 3, 0, 1, 2, 3)), Schedule("a", 3), Schedule("a", 4), Free("a"),
+        AddRequest("b", (1, 2, 3, 0, 1, 2, 3, 3)), Schedule("b", 8), Free("b", preempted=True)])
 
 
 @pytest.mark.parametrize("seed", [0, 2])

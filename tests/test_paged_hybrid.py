@@ -12,17 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from kvoracle.conformance.engines.paged_store import PagedHybridReferenceEngine, _Group
+from kvoracle.conformance.engines.paged_store import PagedReferenceEngine, _Group
+from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.suites import capabilities_of, get_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
-from kvoracle.conformance.hybrid_lifecycle import (
-    Arrive,
-    LifecycleSetup,
-    ReferenceHybridLifecycle,
-    Run,
-)
+from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Schedule
 from kvoracle.gpu import torch
 from kvoracle.reference import KVCacheManager
 from kvoracle.spec import all_rules
@@ -32,11 +28,11 @@ GOOD = {"pass", "not-applicable"}
 DATA_RULES = tuple(rule.id for rule in all_rules() if rule.chapter == "data_integrity")
 
 #: Full attention (block 2) beside a sliding window of 3 tokens (block 4): two tables.
-TWO_GROUPS = LifecycleSetup((("full", 2, 0), ("sliding_window", 4, 3)), hash_block_size=2,
+TWO_GROUPS = ConfigureGroups((("full", 2, 0), ("sliding_window", 4, 3)), hash_block_size=2,
                             num_blocks=24, max_model_len=24)
 
 
-class OneTableForAllGroups(PagedHybridReferenceEngine):
+class OneTableForAllGroups(PagedReferenceEngine):
     """A model runner that writes every group's KV through the first group's block table."""
 
     name = "broken-one-table-for-all-groups"
@@ -56,15 +52,15 @@ def _lifecycle_verdicts(adapter: object) -> Verdicts:
 def test_the_data_rules_are_judged_only_for_an_engine_that_keeps_a_store() -> None:
     assert DATA_RULES
     assert set(DATA_RULES) <= set(get_suite("hybrid-lifecycle").scope())
-    with_store = _lifecycle_verdicts(PagedHybridReferenceEngine())
-    without = _lifecycle_verdicts(ReferenceHybridLifecycle())
+    with_store = _lifecycle_verdicts(PagedReferenceEngine())
+    without = _lifecycle_verdicts(ReferenceEngine())
     for rule_id in DATA_RULES:
         assert with_store.outcomes[rule_id].not_applicable is None
         assert without.outcomes[rule_id].not_applicable is not None
 
 
 def test_paged_reference_passes_the_hybrid_lifecycle_suite_with_every_data_rule() -> None:
-    result = run_suite(PagedHybridReferenceEngine, RunOptions(max_examples=150, replay_dir=None),
+    result = run_suite(PagedReferenceEngine, RunOptions(max_examples=150, replay_dir=None),
                        suite="hybrid-lifecycle")
     outcomes = result.verdicts.outcomes
     assert result.ok, [(rule_id, o.outcome) for rule_id, o in outcomes.items()
@@ -77,9 +73,9 @@ def test_a_windowed_group_is_judged_on_its_window_only() -> None:
     """A sliding window (3 tokens, block size 2) gives up the blocks behind it, and the
     same request's next step reuses one and overwrites what it held: no data rule breaks,
     because the group no longer relies on those positions."""
-    setup = LifecycleSetup((("full", 8, 0), ("sliding_window", 2, 3)), hash_block_size=2,
+    setup = ConfigureGroups((("full", 8, 0), ("sliding_window", 2, 3)), hash_block_size=2,
                            num_blocks=12, max_model_len=24, enable_caching=False)
-    engine = PagedHybridReferenceEngine()
+    engine = PagedReferenceEngine()
     engine.configure(setup.config())
     engine.add_request("r0", (0, 1, 2, 3) * 4)
     assert engine.allocate("r0", 8, 0) == ((1,), (2, 3, 4, 5))
@@ -96,8 +92,8 @@ def test_a_windowed_group_is_judged_on_its_window_only() -> None:
 
 
 def test_writes_through_another_groups_table_are_caught_on_a_fixed_case() -> None:
-    steps = [TWO_GROUPS, Arrive("r0", (0, 1, 2, 3, 0, 1, 2, 3, 1, 1)), Run("r0", 10)]
-    replay("hybrid-lifecycle", PagedHybridReferenceEngine, steps)
+    steps = [TWO_GROUPS, AddRequest("r0", (0, 1, 2, 3, 0, 1, 2, 3, 1, 1)), Schedule("r0", 10)]
+    replay("hybrid-lifecycle", PagedReferenceEngine, steps)
     with pytest.raises(RuleViolation) as caught:
         replay("hybrid-lifecycle", OneTableForAllGroups, steps)
     assert caught.value.rule_id == "KV-DATA-003"
@@ -123,7 +119,7 @@ def test_writes_through_another_groups_table_are_found_by_the_suite(tmp_path: Pa
 ])
 def test_relied_positions_must_lie_in_real_blocks(table: tuple[int, ...], first: int, stop: int,
                                                   ok: bool) -> None:
-    store = PagedHybridReferenceEngine()
+    store = PagedReferenceEngine()
     store.groups = (_Group("sliding_window", 2, 3),)
     rule_id, passed, message = store._null_in_reach(0, torch.tensor(table), first, stop)
     assert rule_id == "KV-DATA-006" and passed == ok
@@ -131,7 +127,7 @@ def test_relied_positions_must_lie_in_real_blocks(table: tuple[int, ...], first:
 
 
 def test_the_reference_hybrid_manager_is_what_the_paged_reference_wraps() -> None:
-    engine = PagedHybridReferenceEngine()
+    engine = PagedReferenceEngine()
     engine.configure(TWO_GROUPS.config())
     assert isinstance(engine.inner.manager, KVCacheManager)
     assert [g.kind for g in engine.groups] == ["full", "sliding_window"]

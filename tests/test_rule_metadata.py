@@ -48,7 +48,7 @@ def test_needs_names_are_capability_flags() -> None:
 
 
 def test_judged_by_names_only_the_four_suites() -> None:
-    assert SUITES == ("lockstep", "hybrid", "hybrid-lifecycle", "external-store")
+    assert SUITES == ("manager", "hybrid", "external-store")
     assert all(set(rule.judged_by) <= set(SUITES) for rule in all_rules())
 
 
@@ -64,8 +64,9 @@ def test_the_rules_needs_are_the_only_table_of_needs() -> None:
 
 def test_metadata_the_suites_rely_on() -> None:
     # Spot checks against what the suites were seen to check in runs against the reference engines.
-    assert get_rule("KV-FULL-002").judged_by == ("lockstep", "hybrid", "hybrid-lifecycle")
-    assert get_rule("KV-DATA-001").judged_by == ("lockstep", "hybrid-lifecycle")
+    assert get_rule("KV-FULL-002").judged_by == ("manager", "hybrid")
+    assert get_rule("KV-DATA-001").judged_by == ("manager",)
+    assert get_rule("KV-HLC-003").needs == ("kv_cache_groups",)
     assert get_rule("KV-DATA-001").needs == ("kv_data",)
     assert get_rule("KV-EXT-001").judged_by == ("external-store",)
     assert get_rule("KV-HASH-006").needs == ("hash_block_views",) and "KV-HASH-006" in NOT_YET_JUDGED
@@ -73,7 +74,7 @@ def test_metadata_the_suites_rely_on() -> None:
 
 
 # -- malformed registrations: the validation function, called directly (no global registration) --
-GOOD = {"kind": "normative", "needs": ("cache_map",), "judged_by": ("lockstep",), "spec_only": None}
+GOOD = {"kind": "normative", "needs": ("cache_map",), "judged_by": ("manager",), "spec_only": None}
 
 
 def test_well_formed_metadata_passes() -> None:
@@ -84,8 +85,8 @@ def test_well_formed_metadata_passes() -> None:
 
 @pytest.mark.parametrize(("changes", "complaint"), [
     ({"judged_by": ("lockstpe",)}, "unknown suites"),
-    ({"judged_by": ("lockstep", "lockstep")}, "twice"),
-    ({"judged_by": "lockstep"}, "tuple"),
+    ({"judged_by": ("manager", "manager")}, "twice"),
+    ({"judged_by": "manager"}, "tuple"),
     ({"needs": ("cache-map",)}, "unknown capabilities"),
     ({"needs": ("",)}, "unknown capabilities"),
     ({"needs": ("common_prefix",)}, "unknown capabilities"),

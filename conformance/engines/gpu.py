@@ -22,11 +22,9 @@ from kvoracle.gpu import TorchKVCacheManager, default_device, torch
 
 from ..adapter import Capabilities, EngineConfig, Lookup, Observation
 from .paged_store import (  # noqa: F401  (re-exported: engine specs name them here)
-    PagedHybridReferenceEngine,
     PagedReferenceEngine,
     PagedStoreWrapper,
     PagedVllmEngine,
-    PagedVllmHybridEngine,
 )
 
 

@@ -1,7 +1,7 @@
 """A paged KV store around any engine adapter: the KV-DATA rules (spec chapter ``data_integrity``).
 
 :class:`PagedStoreWrapper` wraps *any* adapter -- a single-group ``EngineAdapter``
-or a hybrid lifecycle adapter -- with a physical paged KV store
+configured with one group or several -- with a physical paged KV store
 (:class:`kvoracle.gpu.PagedKVStore`, one tensor per KV-cache group) and judges the
 data in it. It plays the model runner: when the scheduler runs a step
 (``advance``), it writes the value of every token the step scheduled into the
@@ -13,9 +13,8 @@ invariant. Each group is judged on the positions it still relies on (spec
 owes nothing before its window; Mamba and cross-attention groups are not written.
 
 :class:`PagedReferenceEngine` and :class:`PagedVllmEngine` wrap the reference and
-vLLM for the lockstep suite; :class:`PagedHybridReferenceEngine` and
-:class:`PagedVllmHybridEngine` wrap their hybrid managers for the hybrid lifecycle
-suite (``--suite hybrid-lifecycle --engine paged-reference`` or ``paged-vllm``).
+vLLM for the manager suite (``--engine paged-reference`` or ``paged-vllm``), over one
+group or several.
 The torch engine in its store is :class:`~.gpu.GpuEngine`.
 
 Importing this module needs torch; it takes ``torch`` from :mod:`kvoracle.gpu`, which
@@ -419,7 +418,7 @@ class PagedStoreWrapper:
 
 
 class PagedReferenceEngine(PagedStoreWrapper):
-    """kvoracle's reference manager in a paged KV store."""
+    """kvoracle's reference manager in a paged KV store, one tensor per group."""
 
     def __init__(self) -> None:
         from .reference import ReferenceEngine
@@ -428,28 +427,9 @@ class PagedReferenceEngine(PagedStoreWrapper):
 
 
 class PagedVllmEngine(PagedStoreWrapper):
-    """vLLM's ``KVCacheManager`` (``--engine vllm``) in a paged KV store."""
+    """vLLM's ``KVCacheManager`` (``--engine vllm``) in a paged KV store, one tensor per group."""
 
     def __init__(self) -> None:
         from .vllm import VllmEngine
 
         super().__init__(VllmEngine())
-
-
-class PagedHybridReferenceEngine(PagedStoreWrapper):
-    """kvoracle's reference hybrid manager in a paged KV store, one tensor per group."""
-
-    def __init__(self) -> None:
-        from ..hybrid_lifecycle import ReferenceHybridLifecycle
-
-        super().__init__(ReferenceHybridLifecycle())  # type: ignore[arg-type]
-
-
-class PagedVllmHybridEngine(PagedStoreWrapper):
-    """vLLM's hybrid ``KVCacheManager`` (``--suite hybrid-lifecycle --engine vllm``) in a
-    paged KV store, one tensor per group."""
-
-    def __init__(self) -> None:
-        from .vllm_hybrid_lifecycle import VllmHybridLifecycle
-
-        super().__init__(VllmHybridLifecycle())  # type: ignore[arg-type]

@@ -32,7 +32,7 @@ class ReferenceEngine:
         return __version__
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(common_prefix=self.common_prefix)
+        return Capabilities(common_prefix=self.common_prefix, kv_cache_groups=True)
 
     def make_manager(self, config: EngineConfig) -> KVCacheManager:
         return KVCacheManager(config)

@@ -113,7 +113,7 @@ class VllmEngine:
 
     def capabilities(self) -> Capabilities:
         # Everything exact; vLLM 0.33 removed cascade attention (KV-LIFE-010).
-        return Capabilities(common_prefix="zero")
+        return Capabilities(common_prefix="zero", kv_cache_groups=True)
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: EngineConfig | HybridConfig) -> None:

@@ -45,6 +45,14 @@ hit and the block ids are the same as with finer hashes; only the reference's
 coordinator applies no EAGLE margin -- the suite never builds a one-group
 EAGLE configuration.
 
+The adapter also offers the suite's two optional observations (and claims their
+capabilities): ``uncached_common_prefix_tokens()``, the coordinator's third result for the
+last lookup (KV-HYB-008), recovered from the ``shared_prefix_boundary`` that
+``get_computed_blocks`` returns (the hit plus that result, or 0 when it is 0); and
+``lookup_per_group()``, the hybrid coordinator's ``find_longest_cache_hit_per_group``
+(KV-HYB-011), which vLLM has only with two or more KV-cache groups (the unitary
+coordinator has none, and the suite asks for it only there).
+
 vLLM is imported when the adapter is built, never when this module is
 imported. Install it with ``scripts/install_vllm.sh``.
 """
@@ -67,6 +75,8 @@ from kvoracle.reference.kv_cache_spec import (
 )
 
 from ..adapter import Lookup
+from ..harness.capabilities import Capabilities
+from ..hybrid_lookup import PerGroupLookup
 from . import EngineLoadError
 from .vllm import INSTALL_HINT, _load_vllm
 
@@ -149,9 +159,14 @@ class VllmHybridLookup:
         self.hash_block_size = 0
         self._hasher: Any = None
         self._ids = itertools.count()
+        #: The coordinator's third result for the last lookup (KV-HYB-008).
+        self.uncached = 0
 
     def version(self) -> str:
         return self.vllm.version
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True)
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: HybridConfig) -> None:
@@ -209,6 +224,21 @@ class VllmHybridLookup:
         pool.free_blocks(reversed(blocks))  # a finished request: table tail first
 
     def lookup(self, prompt_tokens: Sequence[int], max_cache_hit_length: int | None = None) -> Lookup:
-        blocks, num_tokens, _shared_prefix_boundary = self.manager.get_computed_blocks(
+        blocks, num_tokens, shared_prefix_boundary = self.manager.get_computed_blocks(
             self.request(prompt_tokens), max_cache_hit_length)
+        # The manager reports hit + uncached as the boundary when uncached > 0, else 0.
+        self.uncached = shared_prefix_boundary - num_tokens if shared_prefix_boundary else 0
         return Lookup(tuple(tuple(ids) for ids in blocks.get_block_ids()), num_tokens)
+
+    def uncached_common_prefix_tokens(self) -> int:
+        return self.uncached
+
+    def lookup_per_group(self, prompt_tokens: Sequence[int],
+                         max_cache_hit_length: int | None = None) -> PerGroupLookup:
+        coordinator = self.manager.coordinator
+        if not hasattr(coordinator, "find_longest_cache_hit_per_group"):
+            raise ValueError(f"vLLM's {type(coordinator).__name__} has no per-group lookup (one KV-cache group)")
+        bound = len(prompt_tokens) - 1 if max_cache_hit_length is None else max_cache_hit_length
+        blocks, hits = coordinator.find_longest_cache_hit_per_group(self.request(prompt_tokens).block_hashes, bound)
+        return PerGroupLookup(tuple(tuple(block.block_id for block in group) for group in blocks),
+                              tuple(hits))

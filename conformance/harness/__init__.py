@@ -17,7 +17,7 @@ from .engines import EngineLoadError, builtin_engines, engine_factory, engine_sp
 from .machine import SuiteMachine, bind_machine, machine_for
 from .replay import replay, write_replay
 from .runner import CheckResult, RunOptions, RunResult, SuiteLoadError, run_suite, run_suites
-from .suites import SuiteDef, get_suite, register_suite, registered_suites
+from .suites import SuiteDef, get_suite, register_alias, register_suite, registered_suites
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
 __all__ = [
@@ -44,6 +44,7 @@ __all__ = [
     "get_suite",
     "load_target",
     "machine_for",
+    "register_alias",
     "register_suite",
     "registered_suites",
     "replay",

@@ -40,6 +40,14 @@ class Capabilities:
     common_prefix: str = attrs.field(default="zero")
     #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
     kv_data: bool = False
+    #: ``configure()`` takes a :class:`~kvoracle.reference.HybridConfig` of several KV-cache groups
+    #: (any attention kinds), not only one full-attention group; the manager suite generates both.
+    kv_cache_groups: bool = False
+    #: The hybrid lookup adapter reports the third result of its last lookup, the uncached common
+    #: prefix tokens (``uncached_common_prefix_tokens()``).
+    uncached_prefix_tokens: bool = False
+    #: The hybrid lookup adapter looks each spec group up alone (``lookup_per_group()``).
+    per_group_lookup: bool = False
 
     @common_prefix.validator
     def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:

@@ -53,7 +53,7 @@ def machine_for(suite: str | SuiteDef, engine_factory: Callable[[], Any], step_t
                 max_examples: int = 100, step_count: int = 40) -> type[SuiteMachine]:
     """A suite's machine bound to an engine, for an engine's own test suite::
 
-        TestMyEngine = machine_for("lockstep", MyAdapter).TestCase
+        TestMyEngine = machine_for("manager", MyAdapter).TestCase
 
     A failing rule fails the test with a :class:`~.verdicts.RuleViolation` naming it (a hang
     included); Hypothesis shrinks it as usual.
@@ -63,7 +63,7 @@ def machine_for(suite: str | SuiteDef, engine_factory: Callable[[], Any], step_t
     scope = set(suite.scope())
     probe = caller.construct(engine_factory)
     verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
-                        out_of_scope=f"not judged by the {suite.name} suite")
+                        out_of_scope=f"not judged by {suite.label}")
     machine = bind_machine(suite, engine_factory, verdicts, caller, **suite.machine_options(probe))
     machine.TestCase.settings = settings(max_examples=max_examples, stateful_step_count=step_count, deadline=None,
                                          database=None, suppress_health_check=list(HealthCheck))

@@ -39,7 +39,7 @@ def run_to_record(run: RunResult) -> dict[str, Any]:
     for name in ("replay_dir", "hypothesis_dir"):
         options[name] = None if options[name] is None else str(options[name])
     return {
-        "suite": run.suite, "engine_name": run.engine_name, "engine_version": run.engine_version,
+        "suite": run.suite, "part": run.part, "engine_name": run.engine_name, "engine_version": run.engine_version,
         "engine_spec": run.engine_spec, "options": options, "rounds": run.rounds, "examples": run.examples,
         "duration_s": run.duration_s, "internal_errors": run.internal_errors, "incomplete": run.incomplete,
         "capabilities": attrs.asdict(run.verdicts.capabilities),
@@ -63,4 +63,4 @@ def run_from_record(data: dict[str, Any]) -> RunResult:
         options[name] = None if options[name] is None else Path(options[name])
     return RunResult(data["suite"], data["engine_name"], data["engine_version"], data["engine_spec"],
                      RunOptions(**options), verdicts, data["rounds"], data["examples"], data["duration_s"],
-                     list(data["internal_errors"]), data["incomplete"])
+                     list(data["internal_errors"]), data["incomplete"], data.get("part", ""))

@@ -44,7 +44,7 @@ def replay(suite: str | SuiteDef, engine: str | Callable[[], Any], steps: Sequen
         capabilities = capabilities_of(caller.construct(factory))
         scope = set(suite.scope())
         verdicts = Verdicts(capabilities, scope=lambda rule: rule.id in scope,
-                            out_of_scope=f"not judged by the {suite.name} suite")
+                            out_of_scope=f"not judged by {suite.label}")
         driver = suite.driver(factory, verdicts, caller)
         for step in steps:
             driver.apply(step)

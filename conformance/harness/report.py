@@ -108,7 +108,8 @@ def format_table(result: CheckResult) -> str:
     lines.append("")
     lines.append(", ".join(f"{n} {_MARKS[name]}" for name, n in summary(result).items() if n))
     for run in result.runs:
-        lines.append(f"{run.suite}: engine {run.engine_name} {run.engine_version}; {run.examples} examples "
+        label = f"{run.suite} ({run.part} part)" if run.part else run.suite
+        lines.append(f"{label}: engine {run.engine_name} {run.engine_version}; {run.examples} examples "
                      f"in {run.rounds} round(s), {run.duration_s:.1f} s; seed {run.options.seed}"
                      + (f"; INCOMPLETE: {run.incomplete}" if run.incomplete else ""))
         for error in run.internal_errors:
@@ -150,7 +151,7 @@ def _example_json(example: Counterexample) -> dict:
 
 def _run_json(run: RunResult) -> dict:
     return {
-        "suite": run.suite, "engine": {"name": run.engine_name, "version": run.engine_version,
+        "suite": run.suite, "part": run.part or None, "engine": {"name": run.engine_name, "version": run.engine_version,
                                        "spec": run.engine_spec},
         "examples": run.examples, "rounds": run.rounds, "duration_s": round(run.duration_s, 3),
         "summary": run.verdicts.summary(), "internal_errors": run.internal_errors,

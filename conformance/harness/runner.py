@@ -95,6 +95,8 @@ class RunResult:
     internal_errors: list[str] = attrs.Factory(list)
     #: Why the run stopped before its end (interrupted, the process crashed); None if complete.
     incomplete: str | None = None
+    #: The alias the run was asked for by, when it ran a part of ``suite`` (else "").
+    part: str = ""
 
     @property
     def ok(self) -> bool:
@@ -141,6 +143,10 @@ def load_suite_engine(engine: str | Callable[[], Any], suite: SuiteDef, caller: 
         capabilities_of(probe)
     except Exception as error:
         raise SuiteLoadError(f"engine {name!r}: {error}") from None
+    try:
+        suite.machine_options(probe)
+    except ValueError as error:
+        raise SuiteLoadError(f"engine {name!r} cannot run {suite.alias or suite.name}: {error}") from None
     return factory, probe
 
 
@@ -150,7 +156,7 @@ Checkpoint = Callable[..., None]
 
 def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None,
               progress: Callable[[str], None] | None = None,
-              expectations: dict[str, str] | None = None, suite: str | SuiteDef = "lockstep",
+              expectations: dict[str, str] | None = None, suite: str | SuiteDef = "manager",
               trail: Trail | None = None, checkpoint: Checkpoint | None = None) -> RunResult:
     """Run every rule ``suite`` judges against ``engine``; never raises for engine failures.
 
@@ -172,9 +178,12 @@ def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None
         spec = engine if isinstance(engine, str) else engine_spec_of(engine, suite)
         scope = set(suite.scope())
         verdicts = Verdicts(capabilities_of(probe), expectations, scope=lambda rule: rule.id in scope,
-                            out_of_scope=f"not judged by the {suite.name} suite")
+                            out_of_scope=f"not judged by {suite.label}")
+        for rule_id, reason in suite.exclusions(probe).items():
+            if rule_id in scope:
+                verdicts.exclude(rule_id, reason)
         result = RunResult(suite.name, str(getattr(probe, "name", type(probe).__name__)),
-                           _version(probe), spec, options, verdicts)
+                           _version(probe), spec, options, verdicts, part=suite.alias)
         note(result)
         _rounds(result, suite, factory, probe, caller, say, note)
     finally:
@@ -211,12 +220,13 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
 
     started = time.perf_counter()
     extra = suite.machine_options(probe)
+    max_examples = options.max_examples * len(extra.get("parts", (None,)))
     try:
         for round_index in range(options.max_rounds):
             result.rounds += 1
             machine = bind_machine(suite, factory, verdicts, caller, count_example, record_hangs=True, **extra)
             settings = hypothesis.settings(
-                max_examples=options.max_examples, stateful_step_count=options.step_count,
+                max_examples=max_examples, stateful_step_count=options.step_count,
                 deadline=None, database=None, suppress_health_check=list(HealthCheck),
                 # Several bugs per round, each shrunk on its own: with a single bug, Hypothesis
                 # lets the shrinker slip from one failure to any smaller one, so a rule whose
@@ -224,7 +234,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                 verbosity=Verbosity.quiet, report_multiple_bugs=True,
                 phases=(Phase.explicit, Phase.generate, Phase.shrink))
             test = hypothesis.seed(options.seed + round_index)(get_state_machine_test(machine, settings=settings))
-            say(f"{suite.name} round {result.rounds}: up to {options.max_examples} examples of up to "
+            say(f"{suite.name} round {result.rounds}: up to {max_examples} examples of up to "
                 f"{options.step_count} steps (seed {options.seed + round_index})")
             recorded_before = set(verdicts.suppressed)
             seen_before = set(verdicts.first_seen)

@@ -119,7 +119,7 @@ class Checkpoints:
         if not done and signature == self._signature and now - self._last < self.INTERVAL_S:
             return
         self._signature, self._last = signature, now
-        target = self.path(result.suite, done)
+        target = self.path(result.part or result.suite, done)  # the name the supervisor asked for
         partial = target.with_suffix(".partial")
         partial.write_text(json.dumps(run_to_record(result)))
         partial.replace(target)
@@ -145,14 +145,15 @@ def _crashed_run(directory: Path, suite_name: str, returncode: int, options: Run
     how = _signal_name(returncode)
     operation = trail.get("operation") or "an engine call"
     run.incomplete = f"the engine process died ({how}) in {operation}"
-    rule_id = trail.get("rule") or get_suite(suite_name).driver.fault_rule
-    if trail.get("suite") == suite_name and rule_id in run.verdicts.outcomes \
+    suite = get_suite(suite_name)  # an alias names a part of its suite: the trail names the suite
+    rule_id = trail.get("rule") or suite.driver.fault_rule
+    if trail.get("suite") == suite.name and rule_id in run.verdicts.outcomes \
             and run.verdicts.applicable(rule_id):
         example = Counterexample(rule_id, f"engine failed in {operation}: the process died ({how})",
-                                 list(trail.get("steps", [])), engine_error=True, suite=suite_name,
+                                 list(trail.get("steps", [])), engine_error=True, suite=suite.name,
                                  shrunk=False)
         if options.replay_dir is not None:
-            example.replay_path = str(write_replay(options.replay_dir, get_suite(suite_name), engine, example,
+            example.replay_path = str(write_replay(options.replay_dir, suite, engine, example,
                                                    options, isolate=True))
         run.verdicts.record(example)
     return run

@@ -158,6 +158,12 @@ class Verdicts:
         #: another rule's failure was the only time this rule failed.
         self.first_seen: dict[str, Counterexample] = {}
 
+    def exclude(self, rule_id: str, reason: str) -> None:
+        """Judge ``rule_id`` not at all in this run (the suite gives the engine no example reaching it)."""
+        outcome = self.outcomes[rule_id]
+        if outcome.not_applicable is None:
+            outcome.not_applicable, outcome.expected = reason, None
+
     def applicable(self, rule_id: str) -> bool:
         return self.outcomes[rule_id].not_applicable is None
 

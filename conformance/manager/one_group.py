@@ -1,6 +1,9 @@
-"""The lockstep driver: apply each step to the reference and to the engine, then judge.
+"""Judging one full-attention group: the manager suite's unitary-coordinator steps.
 
-After every step the driver
+With a :class:`~kvoracle.conformance.steps.Configure` step the model is one
+full-attention group, as vLLM's ``UnitaryKVCacheCoordinator`` holds it, and the
+driver judges each step with the single-group chapters' rules (block pool,
+hashing, full attention, lifecycle). After every step it
 
 1. compares what the operation returned (hit lengths and blocks, allocation
    results) against the reference, attributing a difference to the most
@@ -8,10 +11,10 @@ After every step the driver
 2. compares the engine's observation against the reference's, field by field,
    each field attributed to the rule that governs it in that kind of step;
 3. checks the invariants that hold of any engine's observation alone
-   (:mod:`.invariants`), whatever the reference says.
+   (:mod:`..invariants`), whatever the reference says.
 
-Every comparison is a check recorded in :class:`~.verdicts.Verdicts`; the first
-failing one raises :class:`~.verdicts.RuleViolation` carrying the steps so far.
+Engines that do not claim ``exact_block_ids`` are compared on shapes (table
+lengths, cache-map sizes) instead of ids.
 """
 
 from __future__ import annotations
@@ -19,49 +22,25 @@ from __future__ import annotations
 from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import lifecycle
 
-from . import invariants
-from .adapter import EngineConfig, Lookup, Observation
-from .engines.reference import ReferenceEngine
-from .harness.calls import RAISED, EngineError
-from .harness.driver import Driver
-from .steps import (
-    AddRequest,
-    AppendTokens,
-    CommonPrefix,
-    Configure,
-    EmptyAllocation,
-    Evict,
-    Free,
-    Observe,
-    Probe,
-    ResetPrefixCache,
-    Schedule,
-)
+from .. import invariants, steps
+from ..adapter import Lookup, Observation
+from ..harness.calls import RAISED, EngineError
 
 
 def _diff(label: str, expected: object, actual: object) -> str:
     return f"{label}: reference {expected!r}, engine {actual!r}"
 
 
-class LockstepDriver(Driver):
-    """Drives an engine and kvoracle's reference through the same steps."""
-
-    suite_name = "lockstep"
-    fault_rule = "KV-LIFE-016"
-
-    def prepare(self) -> None:
-        self.capabilities = self.verdicts.capabilities
-        self.model = ReferenceEngine(common_prefix=self.capabilities.common_prefix)
-        self.config: EngineConfig | None = None
-        self._engine_hash: dict[object, bytes] = {}
-        self._kv_hash: dict[bytes, object] = {}
-        self._hash_salt: dict[bytes, str | None] = {}
+class OneGroupJudge:
+    """The manager driver's handlers for a model of one full-attention group (a mixin of
+    :class:`~.driver.ManagerDriver`, whose state it reads: ``model``, ``config``, ``capabilities``
+    and the engine-hash maps)."""
 
     # -- observation ---------------------------------------------------------------------
-    def _observe(self) -> tuple[Observation, Observation]:
+    def _one_observe(self) -> tuple[Observation, Observation]:
         return self.model.observe(), self.call("observe")
 
-    def _compare(self, expected: Observation, actual: Observation, rules: dict[str, str]
+    def _one_compare(self, expected: Observation, actual: Observation, rules: dict[str, str]
                  ) -> None:
         """Field-by-field comparison; ``rules`` names the rule governing each field."""
         check = self.verdicts.check
@@ -88,15 +67,15 @@ class LockstepDriver(Driver):
             check(rules["cached"], cached == _cached(actual, caps.exact_block_ids),
                   lambda: _diff("cache map", cached, _cached(actual, caps.exact_block_ids)))
 
-    def _judge(self, rules: dict[str, str]) -> Observation:
-        expected, actual = self._observe()
+    def _one_judge(self, rules: dict[str, str]) -> Observation:
+        expected, actual = self._one_observe()
         assert self.config is not None
         invariants.check_all(self.verdicts, self.config, actual)
-        self._compare(expected, actual, rules)
+        self._one_compare(expected, actual, rules)
         return actual
 
     # -- steps ---------------------------------------------------------------------------
-    def _Configure(self, step: Configure) -> None:
+    def _one_Configure(self, step: steps.Configure) -> None:
         self.config = step.config
         self.model.configure(step.config)
         self.new_engine()
@@ -104,22 +83,22 @@ class LockstepDriver(Driver):
         self._engine_hash.clear()
         self._kv_hash.clear()
         self._hash_salt.clear()
-        actual = self._judge(_rules(free_queue="KV-POOL-003", default="KV-POOL-001"))
+        actual = self._one_judge(_rules(free_queue="KV-POOL-003", default="KV-POOL-001"))
         if self.capabilities.free_queue and self.capabilities.exact_block_ids:
             self.verdicts.check("KV-POOL-003", actual.free_queue == tuple(
                 range(1, step.config.num_blocks)), lambda: f"initial queue {actual.free_queue}")
 
-    def _AddRequest(self, step: AddRequest) -> None:
+    def _one_AddRequest(self, step: steps.AddRequest) -> None:
         self.model.add_request(step.request_id, step.prompt, step.cache_salt)
         self.call("add_request", step.request_id, step.prompt, step.cache_salt)
-        actual = self._judge(_rules(default="KV-LIFE-016"))
+        actual = self._one_judge(_rules(default="KV-LIFE-016"))
         self._check_hashes(step.request_id, actual, before=())
 
-    def _AppendTokens(self, step: AppendTokens) -> None:
+    def _one_AppendTokens(self, step: steps.AppendTokens) -> None:
         before = self.call("observe").request_hashes or {}
         self.model.append_tokens(step.request_id, step.tokens)
         self.call("append_tokens", step.request_id, step.tokens)
-        actual = self._judge(_rules(default="KV-LIFE-016"))
+        actual = self._one_judge(_rules(default="KV-LIFE-016"))
         self._check_hashes(step.request_id, actual, before=before.get(step.request_id, ()))
 
     def _check_hashes(self, request_id: str, actual: Observation, before: tuple) -> None:
@@ -150,7 +129,7 @@ class LockstepDriver(Driver):
                 "(equal hashes for different prefixes, or different hashes for one prefix)"))
             self.verdicts.check("KV-HASH-001", consistent, "chained hash mismatch")
 
-    def _lookup(self, request_id: str, max_length: int | None) -> tuple[Lookup, Lookup]:
+    def _one_lookup(self, request_id: str, max_length: int | None) -> tuple[Lookup, Lookup]:
         expected = self.model.lookup(request_id, max_length)
         actual = self.call("lookup", request_id, max_length)
         self._check_lookup(request_id, max_length, expected, actual)
@@ -197,10 +176,10 @@ class LockstepDriver(Driver):
                           f"hit block {index} of {request_id} is {block_id}, but the key's "
                           f"blocks in caching order are {under_key}"))
 
-    def _Observe(self, step: Observe) -> None:
-        self._judge(_rules(default="KV-LIFE-016"))
+    def _one_Observe(self, step: steps.Observe) -> None:
+        self._one_judge(_rules(default="KV-LIFE-016"))
 
-    def _EmptyAllocation(self, step: EmptyAllocation) -> None:
+    def _one_EmptyAllocation(self, step: steps.EmptyAllocation) -> None:
         """KV-LIFE-013: nothing to compute and nothing adopted must be rejected."""
         before = self.call("observe")
         try:
@@ -224,27 +203,27 @@ class LockstepDriver(Driver):
         after = self.call("observe")
         self.verdicts.check("KV-LIFE-013", _state(after) == _state(before),
                             "a rejected allocation changed state")
-        self._judge(_rules(default="KV-LIFE-013"))
+        self._one_judge(_rules(default="KV-LIFE-013"))
 
-    def _Probe(self, step: Probe) -> None:
+    def _one_Probe(self, step: steps.Probe) -> None:
         request = self.model.requests[step.request_id]
         full_bound = lifecycle.max_cache_hit_length(request.num_tokens)
-        _, low = self._lookup(step.request_id, step.max_cache_hit_length)
-        _, high = self._lookup(step.request_id, None)
+        _, low = self._one_lookup(step.request_id, step.max_cache_hit_length)
+        _, high = self._one_lookup(step.request_id, None)
         if step.max_cache_hit_length <= full_bound:
             self.verdicts.check("KV-FULL-005", low.num_tokens <= high.num_tokens, lambda: (
                 f"hit {low.num_tokens} at bound {step.max_cache_hit_length} exceeds hit "
                 f"{high.num_tokens} at bound {full_bound}"))
-        self._judge(_rules(default="KV-LIFE-016"))
+        self._one_judge(_rules(default="KV-LIFE-016"))
 
-    def _Schedule(self, step: Schedule) -> None:
+    def _one_Schedule(self, step: steps.Schedule) -> None:
         config = self.config
         assert config is not None
         request = self.model.requests[step.request_id]
         waiting = step.request_id not in self.model.manager.requests()
         expected_hit = actual_hit = Lookup(((),), 0)
         if waiting:
-            expected_hit, actual_hit = self._lookup(step.request_id, None)
+            expected_hit, actual_hit = self._one_lookup(step.request_id, None)
         before = self.call("observe")
         computed = request.num_computed_tokens
 
@@ -278,7 +257,7 @@ class LockstepDriver(Driver):
             check("KV-LIFE-004", _state(after) == _state(before),
                   lambda: _diff("state after a failed allocation", _state(before),
                                 _state(after)))
-            self._judge(_rules(default="KV-LIFE-004"))
+            self._one_judge(_rules(default="KV-LIFE-004"))
             return
         self.model.advance(step.request_id, expected_new)
         self.call("advance", step.request_id, actual_new)
@@ -314,14 +293,14 @@ class LockstepDriver(Driver):
                   lambda: f"allocated blocks kept their old cache keys: {stale}")
         cached_rule = ("KV-LIFE-012" if not config.enable_caching else
                        "KV-LIFE-008" if step.delay_cache_blocks else "KV-LIFE-007")
-        self._judge(_rules(free_queue="KV-POOL-004", ref_counts="KV-POOL-008",
+        self._one_judge(_rules(free_queue="KV-POOL-004", ref_counts="KV-POOL-008",
                            tables="KV-LIFE-005", num_free="KV-LIFE-003", cached=cached_rule))
 
-    def _Free(self, step: Free) -> None:
+    def _one_Free(self, step: steps.Free) -> None:
         before = self.call("observe")
         self.model.free(step.request_id, step.preempted)
         self.call("free", step.request_id, step.preempted)
-        expected, actual = self._observe()
+        expected, actual = self._one_observe()
         assert self.config is not None
         invariants.check_all(self.verdicts, self.config, actual)
         check = self.verdicts.check
@@ -338,9 +317,9 @@ class LockstepDriver(Driver):
                 rule_id = "KV-POOL-007" if actual.free_queue == forward else "KV-POOL-006"
                 check(rule_id, False, lambda: _diff("free queue after free",
                                                     expected.free_queue, actual.free_queue))
-        self._compare(expected, actual, _rules(free_queue="KV-POOL-006", default="KV-LIFE-009"))
+        self._one_compare(expected, actual, _rules(free_queue="KV-POOL-006", default="KV-LIFE-009"))
 
-    def _Evict(self, step: Evict) -> None:
+    def _one_Evict(self, step: steps.Evict) -> None:
         before = self.call("observe")
         model_ids, engine_ids = step.block_ids, step.block_ids
         if not self.capabilities.exact_block_ids:
@@ -351,7 +330,7 @@ class LockstepDriver(Driver):
             engine_ids = tuple(pairs[b] for b in model_ids)
         self.model.evict(model_ids)
         self.call("evict", engine_ids)
-        actual = self._judge(_rules(default="KV-POOL-013"))
+        actual = self._one_judge(_rules(default="KV-POOL-013"))
         check = self.verdicts.check
         check("KV-POOL-013", _state(actual, with_cache=False) == _state(before, with_cache=False),
               "evict_blocks changed ref counts, tables or the free queue")
@@ -359,7 +338,7 @@ class LockstepDriver(Driver):
             left = {b for blocks in actual.cached.values() for b in blocks} & set(engine_ids)
             check("KV-POOL-013", not left, lambda: f"blocks {sorted(left)} are still cached")
 
-    def _ResetPrefixCache(self, step: ResetPrefixCache) -> None:
+    def _one_ResetPrefixCache(self, step: steps.ResetPrefixCache) -> None:
         before = self.call("observe")
         expected = self.model.reset_prefix_cache()
         actual = self.call("reset_prefix_cache")
@@ -370,20 +349,20 @@ class LockstepDriver(Driver):
             f"reset returned {actual} with {before.num_free_blocks} of "
             f"{self.config.num_blocks - 1} blocks free"))
         check("KV-POOL-014", actual == expected, lambda: _diff("reset result", expected, actual))
-        after = self._judge(_rules(default="KV-POOL-014"))
+        after = self._one_judge(_rules(default="KV-POOL-014"))
         if actual and after.cached is not None:
             check("KV-POOL-014", not after.cached, "cache keys survive a successful reset")
         if not actual:
             check("KV-POOL-014", _state(after) == _state(before), "a failed reset changed state")
 
-    def _CommonPrefix(self, step: CommonPrefix) -> None:
+    def _one_CommonPrefix(self, step: steps.CommonPrefix) -> None:
         expected = self.model.common_prefix_blocks(step.request_id)
         actual = self.call("common_prefix_blocks", step.request_id)
         rule_id = "KV-LIFE-011" if self.capabilities.common_prefix == "cascade" else "KV-LIFE-010"
         self.verdicts.check(rule_id, tuple(actual) == tuple(expected),
                             lambda: _diff(f"common prefix blocks of {step.request_id}",
                                           expected, actual))
-        self._judge(_rules(default="KV-LIFE-016"))
+        self._one_judge(_rules(default="KV-LIFE-016"))
 
 
 # -- helpers ---------------------------------------------------------------------------------

@@ -1,48 +1,22 @@
-"""Hypothesis state machines that drive the reference and an engine in lockstep.
-
-:func:`make_machine` builds a ``RuleBasedStateMachine`` class for one engine.
-Its rules only *choose* steps (:mod:`.steps`) from the model's state; the
-:class:`~.lockstep.LockstepDriver` applies each step to both sides and judges
-it. Third parties can use the machine directly in their own test suites::
-
-    from kvoracle.conformance.machine import make_machine
-    TestMyEngine = make_machine(MyEngineAdapter).TestCase
-
-This module also registers the suite (``lockstep``) with the harness.
+"""Choosing steps for a model of one full-attention group (the manager machine's half for it).
 
 Generated configurations vary the pool size, block size, ``max_model_len``,
 prefix caching and EAGLE; request prompts are cut from earlier requests'
 tokens (often at block boundaries) plus a few fresh tokens from a tiny
-alphabet, so prefixes collide, get cached, evicted and come back.
+alphabet, so prefixes collide, get cached, evicted and come back. The rules
+only *choose* steps from the reference's state; the driver applies and judges
+them.
 """
 
 from __future__ import annotations
 
-import itertools
-from collections.abc import Callable
-
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, precondition, rule
+from hypothesis.stateful import precondition, rule
 
 from kvoracle.reference import ManagerConfig
 
-from .adapter import RETURNS, Capabilities, EngineAdapter
-from .harness.machine import SuiteMachine, machine_for
-from .harness.suites import SuiteDef, register_suite
-from .lockstep import LockstepDriver
-from .steps import (
-    AddRequest,
-    AppendTokens,
-    CommonPrefix,
-    Configure,
-    EmptyAllocation,
-    Evict,
-    Free,
-    Observe,
-    Probe,
-    ResetPrefixCache,
-    Schedule,
-)
+from .. import steps
+from ..adapter import Capabilities
 
 #: Tokens come from a tiny alphabet so that independent requests collide.
 TOKENS = st.integers(min_value=0, max_value=3)
@@ -66,16 +40,9 @@ def manager_configs(draw: st.DrawFn, allow_caching_off: bool = True,
                          use_eagle=use_eagle)
 
 
-class LockstepMachine(SuiteMachine):
-    """Chooses the lockstep suite's steps from the reference's state."""
-
-    driver: LockstepDriver
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.ids = itertools.count()
-        #: The last eight freed requests as (tokens, cache salt, block hashes), newest first.
-        self.freed: list[tuple[tuple[int, ...], str | None, tuple[bytes, ...]]] = []
+class OneGroupRules:
+    """The manager machine's rules for a model of one full-attention group (a mixin of
+    :class:`~.machine.ManagerMachine`, which holds ``driver``, ``freed`` and the request ids)."""
 
     # -- model state the rules choose from -----------------------------------------------
     @property
@@ -98,19 +65,13 @@ class LockstepMachine(SuiteMachine):
         return sorted(rid for rid in self.model.requests if rid in held)
 
     def _can(self, operation: str) -> bool:
-        return self.driver.config is not None and self.can(operation)
+        return self.driver.config is not None and not self.driver.several_groups and self.can(operation)
 
     # -- rules ---------------------------------------------------------------------------
     @property
     def caps(self) -> Capabilities:
         """What the engine claims: the machine only generates what it claims to support."""
         return self.verdicts.capabilities
-
-    @initialize(data=st.data())
-    def configure(self, data: st.DataObject) -> None:
-        config = data.draw(manager_configs(allow_caching_off=self.caps.caching_off,
-                                           allow_eagle=self.caps.eagle), label="config")
-        self.driver.apply(Configure(config))
 
     @precondition(lambda self: self._can("add_request") and len(self.model.requests)
                   < MAX_LIVE_REQUESTS)
@@ -148,7 +109,7 @@ class LockstepMachine(SuiteMachine):
         prompt = (prefix + suffix)[: config.max_model_len - 1] or (0,)
         salt = data.draw(st.sampled_from([None, None, None, "salt-1", ""]), label="salt") \
             if self.caps.cache_salt else None
-        self.driver.apply(AddRequest(f"r{next(self.ids)}", prompt, salt))
+        self.driver.apply(steps.AddRequest(self.new_request_id(), prompt, salt))
 
     def _schedulable(self) -> list[str]:
         """Waiting requests, and running ones with uncomputed tokens."""
@@ -213,7 +174,7 @@ class LockstepMachine(SuiteMachine):
             num_new = data.draw(st.integers(1, 3 * config.block_size), label="new")
             lookahead = data.draw(st.sampled_from([0, 0, 1, config.block_size]),
                                   label="lookahead") if self.caps.lookahead else 0
-        self.driver.apply(Schedule(
+        self.driver.apply(steps.Schedule(
             request_id, num_new_tokens=num_new,
             num_draft_tokens=data.draw(st.sampled_from([0, 0, 1, 2]), label="drafts")
             if running else 0,
@@ -247,8 +208,8 @@ class LockstepMachine(SuiteMachine):
         config = self._config()
         tokens, salt, _ = self.freed[index]
         suffix = tuple(data.draw(st.lists(TOKENS, max_size=config.block_size), label="suffix"))
-        request_id = f"r{next(self.ids)}"
-        self.driver.apply(AddRequest(request_id, (tokens + suffix)[: config.max_model_len - 1],
+        request_id = self.new_request_id()
+        self.driver.apply(steps.AddRequest(request_id, (tokens + suffix)[: config.max_model_len - 1],
                                      salt))
         if not self.driver.dead and request_id in self.model.requests:
             self._schedule(data, request_id)
@@ -271,7 +232,7 @@ class LockstepMachine(SuiteMachine):
         request_id = data.draw(st.sampled_from(self._decodable()), label="request")
         room = config.max_model_len - self.model.requests[request_id].num_tokens
         tokens = data.draw(st.lists(TOKENS, min_size=1, max_size=min(3, room)), label="tokens")
-        self.driver.apply(AppendTokens(request_id, tuple(tokens)))
+        self.driver.apply(steps.AppendTokens(request_id, tuple(tokens)))
 
     @precondition(lambda self: self._can("free") and self.model.requests)
     @rule(data=st.data())
@@ -289,7 +250,7 @@ class LockstepMachine(SuiteMachine):
         request = self.model.requests[request_id]
         self.freed = [(tuple(request.all_token_ids), request.cache_salt,
                        tuple(request.block_hashes)), *self.freed][:8]
-        self.driver.apply(Free(request_id, preempted))
+        self.driver.apply(steps.Free(request_id, preempted))
         # The next turn of a conversation: the finished request's whole text comes back as
         # the prefix of a new prompt, while its blocks still wait in the free queue.
         if not self.driver.dead and self._can_revive() and 0 in self._revivable() \
@@ -312,11 +273,11 @@ class LockstepMachine(SuiteMachine):
             num_tokens = self.model.requests[request_id].num_tokens
             bound = data.draw(st.integers(0, num_tokens + self._config().block_size),
                               label="bound")
-            self.driver.apply(Probe(request_id, bound))
+            self.driver.apply(steps.Probe(request_id, bound))
             return
         request_id = data.draw(st.sampled_from(self._running()), label="request")
-        self.driver.apply(CommonPrefix(request_id) if kind == "common_prefix"
-                          else EmptyAllocation(request_id))
+        self.driver.apply(steps.CommonPrefix(request_id) if kind == "common_prefix"
+                          else steps.EmptyAllocation(request_id))
 
     def _can_evict(self) -> bool:
         return self.caps.evict and self._can("evict")
@@ -331,7 +292,7 @@ class LockstepMachine(SuiteMachine):
         kinds = (["evict"] * 2 if self._can_evict() else []) + \
             (["reset"] if self._can_reset() else [])
         if data.draw(st.sampled_from(kinds), label="maintenance") == "reset":
-            self.driver.apply(ResetPrefixCache())
+            self.driver.apply(steps.ResetPrefixCache())
             return
         config = self._config()
         cached = sorted(b for blocks in self.model.manager.pool.cached.values()
@@ -340,33 +301,11 @@ class LockstepMachine(SuiteMachine):
         choice = st.sampled_from(cached) if cached else any_block
         ids = data.draw(st.lists(st.one_of(choice, any_block), max_size=2, unique=True),
                         label="block ids")
-        self.driver.apply(Evict(tuple(ids)))
+        self.driver.apply(steps.Evict(tuple(ids)))
 
-    @precondition(lambda self: self.driver.dead or self.round_quarantine)
+    @precondition(lambda self: not self.driver.several_groups and (self.driver.dead or self.round_quarantine))
     @rule()
     def observe(self) -> None:
         # Available once the engine is dead or an operation is quarantined, so that a run can
         # always make progress; otherwise every step already observes.
-        self.driver.apply(Observe())
-
-
-
-#: The lockstep suite, registered with the harness.
-LOCKSTEP = register_suite(SuiteDef(
-    name="lockstep",
-    title="the whole single-group manager against the reference, step by step",
-    operations=("configure", "add_request", "lookup", "allocate", "advance", "append_tokens", "free",
-                "evict", "reset_prefix_cache", "common_prefix_blocks", "observe"),
-    returns=RETURNS, driver=LockstepDriver, machine=LockstepMachine, module=__name__,
-    step_names=("AddRequest", "AppendTokens", "CommonPrefix", "Configure", "EmptyAllocation", "Evict",
-                "Free", "ManagerConfig", "Observe", "Probe", "ResetPrefixCache", "Schedule"),
-    engines={"reference": "kvoracle.conformance.engines.reference:ReferenceEngine",
-             "vllm": "kvoracle.conformance.engines.vllm:VllmEngine",
-             "gpu": "kvoracle.conformance.engines.gpu:GpuEngine"}))
-
-
-def make_machine(engine_factory: Callable[[], EngineAdapter], step_timeout: float | None = 10.0,
-                 max_examples: int = 100, step_count: int = 40) -> type[LockstepMachine]:
-    """The lockstep machine bound to one engine (``engine_factory()`` builds a fresh adapter), for
-    use in an engine's own test suite: ``make_machine(MyAdapter).TestCase``."""
-    return machine_for(LOCKSTEP, engine_factory, step_timeout, max_examples, step_count)  # type: ignore[return-value]
+        self.driver.apply(steps.Observe())

@@ -1,0 +1,248 @@
+"""Choosing steps for a model of several KV-cache groups (the manager machine's half for it).
+
+Configurations: 1 to 3 groups of full attention, sliding window (windows 1 to
+12) and chunked local attention, block sizes multiples of the hash block size,
+EAGLE on or off, a small pool; with prefix caching off, a cross-attention group
+sized by the request's encoder tokens (KV-HLC-007), and Mamba groups in "none"
+mode (KV-HLC-008), sometimes one block per request. Mamba with caching on is not
+generated: its "align" allocation is not specified (KV-MAMBA-003). A rule of its
+own prefills prompts that end inside a coarse full-attention block and finishes
+them at once, the case of vLLM's partial tail entries (KV-HLC-006). Features the
+engine does not claim (EAGLE, caching off, look-ahead, delayed caching, eviction,
+reset) are not generated.
+"""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import strategies as st
+from hypothesis.stateful import precondition, rule
+
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as spec
+from kvoracle.spec.lifecycle import cdiv
+
+from ..adapter import Capabilities
+from ..steps import AddRequest, AppendTokens, ConfigureGroups, Evict, Free, ResetPrefixCache, Schedule
+
+TOKENS = st.integers(0, 3)
+MAX_LIVE_REQUESTS = 4
+
+
+@st.composite
+def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> ConfigureGroups:
+    """Valid configurations of several groups, biased towards pools that fill up."""
+    caps = capabilities or Capabilities()
+    hash_size = draw(st.sampled_from([1, 2, 4]), label="hash_block_size")
+    caching = draw(st.integers(0, 3), label="caching off") != 0 if caps.caching_off else True
+    eagle = draw(st.booleans(), label="use_eagle") if caps.eagle else False
+    count = draw(st.integers(1, 3), label="num_groups")
+    kinds = [hybrid_spec.FULL, hybrid_spec.SLIDING_WINDOW, hybrid_spec.SLIDING_WINDOW]
+    if not eagle:
+        kinds.append(hybrid_spec.CHUNKED_LOCAL)  # KV-CHUNK-003
+    drafts = []
+    for _ in range(count):
+        kind = draw(st.sampled_from(kinds), label="kind")
+        size = hash_size if count == 1 else hash_size * draw(st.sampled_from([1, 2, 4]), label="scale")
+        drafts.append([kind, size, 0])
+    # Three times in four with EAGLE and caching on, where a partial tail entry can be left.
+    if count > 1 and draw(st.integers(0, 3 if eagle and caching else 1), label="coarse_full_group") > 0:
+        # A full-attention group coarser than the hash blocks: a prompt ending inside one of
+        # its blocks leaves a partial tail entry (KV-HLC-006).
+        drafts[0][:2] = [hybrid_spec.FULL, hash_size * draw(st.sampled_from([2, 4]), label="coarse scale")]
+    encoder = 0
+    if not caching and draw(st.integers(0, 3), label="cross_attention") > 0:  # KV-HLC-007
+        drafts.append([spec.CROSS_ATTENTION, hash_size * draw(st.sampled_from([1, 2])), 0])
+        encoder = draw(st.integers(1, 12), label="num_encoder_tokens")
+    mamba = None
+    if not caching and draw(st.integers(0, 2), label="mamba") > 0:  # KV-HLC-008
+        mamba = [hybrid_spec.MAMBA, hash_size * draw(st.sampled_from([1, 2, 4])),
+                 draw(st.sampled_from([0, 0, 1, 2]), label="num_speculative_blocks")]
+        drafts.insert(draw(st.integers(0, len(drafts)), label="mamba position"), mamba)
+    others = [size for kind, size, _ in drafts if kind != hybrid_spec.CHUNKED_LOCAL]
+    alignment = math.lcm(hash_size, *others) if others else hash_size
+    for draft in drafts:
+        if draft[0] == hybrid_spec.CHUNKED_LOCAL:
+            draft[1] = alignment  # KV-CHUNK-003
+            draft[2] = alignment * draw(st.integers(1, 3), label="chunk_blocks")
+        elif draft[0] == hybrid_spec.SLIDING_WINDOW:
+            # Small windows as often as large ones: a window shorter than the alignment
+            # caches only the reachable blocks (KV-SWA-011).
+            draft[2] = draw(st.integers(1, 12) | st.integers(1, 4), label="window")
+    max_model_len = alignment * draw(st.integers(4, 12), label="max_model_len blocks")
+    chunked = any(kind == hybrid_spec.CHUNKED_LOCAL for kind, _, _ in drafts)
+    if mamba is not None and not chunked and draw(st.integers(0, 2), label="one state block") == 0:
+        # One block per request (a third of the time: only several blocks leave skipped ones to
+        # judge, KV-HLC-008): the state block covers the model length (the chunked-local block
+        # size must stay the scheduler block size, KV-CHUNK-003).
+        mamba[1] = max_model_len
+    groups = tuple(tuple(d) for d in drafts)
+    blocks_per_request = sum(cdiv(max_model_len, size) for _, size, _ in groups)
+    # Mostly room for two or three requests; one time in four a pool that runs out early.
+    small = draw(st.integers(0, 3), label="small pool") == 0
+    num_blocks = draw(st.integers(2, max(3, blocks_per_request)) if small else st.integers(
+        blocks_per_request, 3 * blocks_per_request), label="num_blocks")
+    return ConfigureGroups(groups, hash_size, num_blocks, max_model_len, eagle, caching, encoder)
+
+
+class GroupsRules:
+    """The manager machine's rules for a model of several groups: requests arriving, running in
+    chunks, decoding, being preempted and finishing (a mixin of :class:`~.machine.ManagerMachine`,
+    which holds ``driver``, ``prompts``, ``warm`` and the request ids)."""
+
+    @property
+    def caps(self) -> Capabilities:
+        return self.verdicts.capabilities
+
+    def _alive(self) -> bool:
+        return self.driver.setup is not None and not self.driver.dead
+
+    def _live(self) -> list[str]:
+        return sorted(self.driver.model.requests)
+
+    def _can_arrive(self) -> bool:
+        return self._alive() and len(self._live()) < MAX_LIVE_REQUESTS
+
+    def _has_live(self) -> bool:
+        return self._alive() and bool(self._live())
+
+    @precondition(_can_arrive)
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        setup = self.driver.setup
+        limit = setup.max_model_len - 1
+        alignment = math.lcm(*(size for _, size, _ in setup.groups))
+        prefix: tuple[int, ...] = ()
+        warm = self._warm()
+        sources = warm if warm and data.draw(st.integers(0, 3), label="warm source") else self.prompts
+        if sources and data.draw(st.integers(0, 4), label="shares a prefix"):
+            source = data.draw(st.sampled_from(sources), label="source")
+            cut = data.draw(st.integers(0, len(source)) | st.integers(0, len(source) // alignment).map(
+                lambda k: k * alignment), label="cut")
+            prefix = source[:cut]
+        suffix = data.draw(st.lists(TOKENS, min_size=1, max_size=3 * alignment), label="suffix")
+        prompt = (prefix + tuple(suffix))[:limit]
+        self.prompts.append(prompt)
+        request_id = self.new_request_id()
+        self.driver.apply(AddRequest(request_id, prompt))
+
+    def _warm(self) -> list[tuple[int, ...]]:
+        """Computed tokens of live and released requests: the prefixes that can hit."""
+        return [tuple(r.all_token_ids[:r.num_computed_tokens]) for r in self.driver.model.requests.values()
+                if r.num_computed_tokens] + self.warm
+
+    @precondition(_can_arrive)
+    @rule(data=st.data())
+    def serve_shared_prefix(self, data: st.DataObject) -> None:
+        # A request continuing a computed prefix (or a fresh one, before any) arrives and is
+        # scheduled at once: the lifecycle's hits (KV-HLC-003, KV-SWA-009) need exactly this.
+        # It is also a second rule that starts requests: Hypothesis switches rules off at random
+        # per example, and with caching off no other rule would.
+        setup = self.driver.setup
+        warm = self._warm()
+        source = data.draw(st.sampled_from(warm), label="source") if warm else ()
+        suffix = data.draw(st.lists(TOKENS, min_size=0 if warm else 1, max_size=4), label="suffix")
+        prompt = (source + tuple(suffix))[:setup.max_model_len - 1] or (0,)
+        self.prompts.append(prompt)
+        request_id = self.new_request_id()
+        self.driver.apply(AddRequest(request_id, prompt))
+        self.driver.apply(Schedule(request_id, data.draw(st.integers(1, len(prompt)), label="num_new_tokens")))
+
+    @precondition(_has_live)
+    @rule(data=st.data())
+    def run(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(self._live()), label="request")
+        request = self.driver.model.requests[request_id]
+        if request.num_computed_tokens >= request.num_tokens:
+            room = self.driver.setup.max_model_len - request.num_tokens
+            if room <= 0:
+                self.driver.apply(Free(request_id))
+                return
+            self.driver.apply(AppendTokens(request_id, tuple(data.draw(
+                st.lists(TOKENS, min_size=1, max_size=min(room, 3)), label="tokens"))))
+        left = request.num_tokens - request.num_computed_tokens
+        chunk = data.draw(st.integers(1, max(1, left)) | st.just(max(1, left)), label="num_new_tokens")
+        drafts = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="num_draft_tokens")
+        lookahead = data.draw(st.sampled_from([0, 0, 0, 1, 3]), label="num_lookahead_tokens") \
+            if self.caps.lookahead else 0
+        delay = data.draw(st.sampled_from([False] * 5 + [True]), label="delay_cache_blocks") \
+            if self.caps.delay_cache else False
+        self.driver.apply(Schedule(request_id, chunk, drafts, lookahead, delay))
+
+    @precondition(_has_live)
+    @rule(data=st.data())
+    def run_again(self, data: st.DataObject) -> None:
+        self.run(data)  # scheduling is the common step: twice the weight of the others
+
+    @precondition(_has_live)
+    @rule(data=st.data())
+    def release(self, data: st.DataObject) -> None:
+        request_id = data.draw(st.sampled_from(self._live()), label="request")
+        request = self.driver.model.requests[request_id]
+        if request.num_computed_tokens:
+            self.warm.append(tuple(request.all_token_ids[:request.num_computed_tokens]))
+        self.driver.apply(Free(request_id, data.draw(st.booleans(), label="preempted")))
+
+    def _coarse_full_sizes(self) -> list[int]:
+        setup = self.driver.setup
+        return [size for kind, size, _ in setup.groups
+                if kind == hybrid_spec.FULL and size > setup.hash_block_size] if setup else []
+
+    def _can_leave_partial_tail(self) -> bool:
+        # Only with EAGLE: without it several groups cache whole aligned segments, so the
+        # boundary's block is cached whole or not reached at all.
+        setup = self.driver.setup
+        return self._can_arrive() and setup.enable_caching and setup.use_eagle and bool(self._coarse_full_sizes())
+
+    @precondition(_can_leave_partial_tail)
+    @rule(data=st.data())
+    def prefill_and_finish(self, data: st.DataObject) -> None:
+        # KV-HLC-006: a prompt whose last hash boundary lies inside a coarse full-attention
+        # block, prefilled at once and finished before that block fills: the block carries
+        # only a partial tail entry when it is freed.
+        setup = self.driver.setup
+        size = data.draw(st.sampled_from(self._coarse_full_sizes()), label="block size")
+        hash_size = setup.hash_block_size
+        longest = setup.max_model_len - 1 - hash_size  # room for the tokens after the boundary
+        boundaries = [b for b in range(hash_size, longest + 1, hash_size) if b % size]
+        if not boundaries:
+            return
+        boundary = data.draw(st.sampled_from(boundaries), label="boundary")
+        # The boundary is the prompt in whole hash blocks with EAGLE, one token less without.
+        length = boundary + data.draw(st.integers(0, hash_size - 1), label="past the boundary") + int(
+            not setup.use_eagle)
+        warm = [w for w in self._warm() if w]
+        prefix = data.draw(st.sampled_from(warm), label="source")[:length] if warm and data.draw(
+            st.booleans(), label="shares a prefix") else ()
+        prompt = prefix + tuple(data.draw(st.lists(TOKENS, min_size=length - len(prefix),
+                                                   max_size=length - len(prefix)), label="suffix"))
+        self.prompts.append(prompt)
+        request_id = self.new_request_id()
+        self.driver.apply(AddRequest(request_id, prompt))
+        self.driver.apply(Schedule(request_id, length))
+        if request_id in self.driver.model.requests:
+            self.warm.append(prompt)
+            self.driver.apply(Free(request_id))
+
+    def _has_cache(self) -> bool:
+        return self._alive() and self.driver.setup.enable_caching and (self.caps.evict or self.caps.reset)
+
+    @precondition(_has_cache)
+    @rule(data=st.data())
+    def forget_cached(self, data: st.DataObject) -> None:
+        # One rule for both ways of forgetting (a connector's eviction, a reset), so that
+        # they do not crowd out the lifecycle's own steps.
+        if not self.caps.evict or (self.caps.reset and data.draw(st.integers(0, 3), label="reset") == 0):
+            self.driver.apply(ResetPrefixCache())
+            return
+        cached = sorted({b for blocks in (self.driver.model.observe().cached or {}).values() for b in blocks})
+        any_block = st.integers(1, self.driver.setup.num_blocks - 1)
+        chosen = data.draw(st.lists(st.sampled_from(cached) if cached else any_block, max_size=3)
+                           | st.lists(any_block, max_size=2), label="block ids")
+        self.driver.apply(Evict(tuple(chosen)))
+
+    @precondition(lambda self: self.driver.several_groups)
+    @rule()
+    def idle(self) -> None:
+        pass  # lets Hypothesis finish an example whose engine is dead

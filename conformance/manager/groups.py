@@ -1,0 +1,251 @@
+"""Judging several KV-cache groups: the manager suite's hybrid-coordinator steps.
+
+With a :class:`~kvoracle.conformance.steps.ConfigureGroups` step the model is one or
+more KV-cache groups of any kinds (spec chapter ``hybrid_lifecycle``): a waiting
+request looks its hit up and adopts it, is scheduled chunk by chunk and decodes, is
+preempted or finishes, while the window of its sliding-window and chunked-local
+groups moves on and frees blocks; cached blocks are evicted by a connector or the
+whole prefix cache is reset. After each step the driver compares what the operation
+returned, then the two observations field by field (block tables per group, ref
+counts, free queue, cache map), then checks the invariants any engine's observation
+must satisfy (:mod:`..invariants`).
+
+Cross attention is never prefix-cached (KV-CROSS-002), and that rule comes before the
+general ones that would also see it: a lookup's entries in a cross-attention group are
+charged to it before the hit comparison; a cache key of a cross-attention group before
+KV-POOL-015 and KV-LIFE-012 (caching off caches nothing); and a cross-attention block a
+waiting request holds without its allocation having given it before the table
+comparison.
+
+An engine in a paged KV store (``--engine paged-reference`` or ``paged-vllm``,
+:mod:`..engines.paged_store`) claims ``kv_data``: its observations carry the store's data
+checks, one tensor per group, and the suite judges the KV-DATA rules too.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+from kvoracle.spec import block_pool as pool_spec
+from kvoracle.spec import hybrid as hybrid_spec
+from kvoracle.spec import hybrid_lifecycle as spec
+from kvoracle.spec.lifecycle import cdiv
+
+from .. import invariants, steps
+from ..adapter import Lookup, Observation
+
+NULL_BLOCK_ID = 0
+
+
+def _diff(label: str, expected: object, actual: object) -> str:
+    return f"{label}: reference {expected!r}, engine {actual!r}"
+
+
+class GroupsJudge:
+    """The manager driver's handlers for a model of several KV-cache groups (a mixin of
+    :class:`~.driver.ManagerDriver`, whose state it reads: ``model``, ``setup``, ``config`` and
+    ``running``, the requests allocated since they arrived or were preempted)."""
+
+    def _groups_judge(self, rules: dict[str, str]) -> Observation:
+        """Invariants of the engine's observation, then field-by-field comparison."""
+        assert self.setup is not None
+        expected = self.model.observe()
+        actual: Observation = self.call("observe", rule="KV-HLC-001")  # type: ignore[assignment]
+        invariants.check_all(self.verdicts, self.config, actual)
+        check = self.verdicts.check
+        check(rules["tables"], dict(actual.block_tables) == dict(expected.block_tables),
+              lambda: _diff("block tables", dict(expected.block_tables), dict(actual.block_tables)))
+        check(rules["ref_counts"], actual.ref_counts == expected.ref_counts,
+              lambda: _diff("ref counts", expected.ref_counts, actual.ref_counts))
+        check(rules["free_queue"], actual.free_queue == expected.free_queue,
+              lambda: _diff("free queue", expected.free_queue, actual.free_queue))
+        check(rules["num_free"], actual.num_free_blocks == expected.num_free_blocks,
+              lambda: _diff("free blocks", expected.num_free_blocks, actual.num_free_blocks))
+        if actual.cached is not None:
+            check(rules["cached"], dict(actual.cached) == dict(expected.cached or {}),
+                  lambda: _diff("cache map", _short(expected.cached), _short(actual.cached)))
+        return actual
+
+    def _groups_ConfigureGroups(self, step: steps.ConfigureGroups) -> None:
+        self.setup = step
+        self.config = config = step.config()
+        self.model.configure(config)
+        self.new_engine()
+        self.running = set()
+        self.call("configure", config, rule="KV-HLC-001")
+        self._groups_judge(_rules("KV-POOL-012"))
+
+    def _groups_AddRequest(self, step: steps.AddRequest) -> None:
+        self.model.add_request(step.request_id, step.prompt)
+        self.call("add_request", step.request_id, step.prompt, rule="KV-HLC-001")
+
+    def _groups_AppendTokens(self, step: steps.AppendTokens) -> None:
+        self.model.append_tokens(step.request_id, step.tokens)
+        self.call("append_tokens", step.request_id, step.tokens, rule="KV-HLC-001")
+
+    def _groups_Free(self, step: steps.Free) -> None:
+        without_partial = self._queue_without_partial_entries(step)
+        self.model.free(step.request_id, step.preempted)
+        self.call("free", step.request_id, step.preempted, rule="KV-LIFE-009")
+        self.running.discard(step.request_id)
+        if without_partial is not None and without_partial != self.model.observe().free_queue:
+            # A queue that differs exactly as if partial tail entries did not count as cached
+            # is KV-HLC-006's difference, not a wrong free order.
+            seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
+            self.verdicts.check("KV-HLC-006", seen != without_partial, lambda: _diff(
+                "free queue (the engine's is the one where blocks with only a partial tail entry "
+                "count as uncached)", self.model.observe().free_queue, seen))
+        actual = self._groups_judge(_rules("KV-HLC-004", tables="KV-LIFE-009"))
+        self.verdicts.check("KV-LIFE-009", step.request_id not in actual.block_tables,
+                            lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
+
+    def _queue_without_partial_entries(self, step: steps.Free) -> tuple[int, ...] | None:
+        """The reference's free queue after ``step`` had partial tail entries not counted as
+        cached (KV-HLC-006), or None when the request holds no block with only such an entry."""
+        manager = self.model.manager
+        partial = {b.block_id for group in manager.groups for b in group.req_to_blocks.get(step.request_id, ())
+                   if b.partial_key is not None and b.cache_key is None}
+        if not partial:
+            return None
+        other = copy.deepcopy(self.model)
+        for block_id in partial:
+            other.manager.pool.blocks[block_id].partial_key = None
+        other.free(step.request_id, step.preempted)
+        return other.observe().free_queue
+
+    def _groups_Evict(self, step: steps.Evict) -> None:
+        before = self.call("observe", rule="KV-HLC-001")
+        self.model.evict(step.block_ids)
+        self.call("evict", step.block_ids, rule="KV-POOL-013")
+        actual = self._groups_judge(_rules("KV-POOL-013"))
+        check = self.verdicts.check
+        check("KV-POOL-013", (actual.ref_counts, actual.free_queue, dict(actual.block_tables))
+              == (before.ref_counts, before.free_queue, dict(before.block_tables)),  # type: ignore[attr-defined]
+              "evict_blocks changed ref counts, tables or the free queue")
+        if actual.cached is not None:
+            left = {b for blocks in actual.cached.values() for b in blocks} & set(step.block_ids)
+            check("KV-POOL-013", not left, lambda: f"blocks {sorted(left)} are still cached")
+
+    def _groups_ResetPrefixCache(self, step: steps.ResetPrefixCache) -> None:
+        assert self.setup is not None
+        before: Observation = self.call("observe", rule="KV-HLC-001")  # type: ignore[assignment]
+        expected = self.model.reset_prefix_cache()
+        actual = self.call("reset_prefix_cache", rule="KV-POOL-014")
+        check = self.verdicts.check
+        check("KV-POOL-014", actual == pool_spec.can_reset_prefix_cache(before.num_free_blocks,
+                                                                         self.setup.num_blocks), lambda: (
+            f"reset returned {actual} with {before.num_free_blocks} of {self.setup.num_blocks - 1} blocks free"))
+        check("KV-POOL-014", actual == expected, lambda: _diff("reset result", expected, actual))
+        after = self._groups_judge(_rules("KV-POOL-014"))
+        if actual and after.cached is not None:
+            check("KV-POOL-014", not after.cached, "cache keys survive a successful reset")
+
+    def _groups_Schedule(self, step: steps.Schedule) -> None:
+        assert self.setup is not None
+        request = self.model.requests[step.request_id]
+        waiting = step.request_id not in self.running
+        hit = Lookup((), 0)
+        if waiting:
+            hit = self._groups_lookup(step.request_id)
+        new = min(step.num_new_tokens, request.num_tokens - request.num_computed_tokens - hit.num_tokens)
+        if new <= 0:
+            return  # nothing to compute: the scheduler would not schedule it
+        encoder = self.setup.num_encoder_tokens
+        expected = self.model.allocate(step.request_id, new + step.num_draft_tokens, hit.num_tokens,
+                                       step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
+        actual = self.call("allocate", step.request_id, new + step.num_draft_tokens, hit.num_tokens,
+                           step.num_lookahead_tokens, step.delay_cache_blocks, encoder, rule="KV-HLC-001")
+        check = self.verdicts.check
+        check("KV-HYB-012", (expected is None) == (actual is None), lambda: (
+            f"allocate_slots({step.request_id}, {new + step.num_draft_tokens} new, hit {hit.num_tokens}): "
+            f"reference {'fails' if expected is None else 'succeeds'}, engine "
+            f"{'fails' if actual is None else 'succeeds'}"))
+        if actual is None:
+            # KV-SWA-008: the skipped blocks were freed even though the allocation failed.
+            self._groups_judge(_rules("KV-SWA-008"))
+            return
+        self.running.add(step.request_id)
+        self.model.advance(step.request_id, new)
+        self.call("advance", step.request_id, new, rule="KV-HLC-001")
+        groups = self.setup.groups
+        if hit.num_tokens:  # a skipped prefix in the hit is KV-SWA-009's case
+            skipped = any(spec.skipped_tokens(kind, param, hit.num_tokens) >= size
+                          for kind, size, param in groups if kind in spec.WINDOWED_KINDS)
+            tables = "KV-SWA-009" if skipped else "KV-HLC-003"
+        else:
+            windowed = any(kind in spec.WINDOWED_KINDS for kind, _, _ in groups)
+            tables = "KV-SWA-007" if windowed else "KV-HLC-001"
+        # Where the nulls are decides which blocks were free for this allocation: a wrong null
+        # layout is the table's rule, not the allocation order's.
+        mine = self.model.observe().block_tables.get(step.request_id, ())
+        theirs = self.call("observe", rule="KV-HLC-001").block_tables.get(step.request_id, ())
+        if waiting:  # a request adopts no cross-attention block: its table is what it was given now
+            for g, (kind, _, _) in enumerate(groups):
+                if kind == spec.CROSS_ATTENTION and g < min(len(theirs), len(actual)):
+                    adopted = [b for b in theirs[g] if b not in actual[g]]
+                    check("KV-CROSS-002", not adopted, lambda g=g, adopted=adopted: (
+                        f"{step.request_id} holds cross-attention blocks {adopted} in group {g} that its "
+                        f"allocation did not give it (new blocks {list(actual[g])})"))
+        layouts = [[[b == NULL_BLOCK_ID for b in t] for t in tables_] for tables_ in (mine, theirs)]
+        if len(mine) == len(theirs):
+            for (kind, _, _), a, b in zip(groups, *layouts):
+                if kind == hybrid_spec.MAMBA:  # a Mamba group's table has a rule of its own
+                    check("KV-HLC-008", a == b, lambda a=a, b=b: _diff(
+                        f"null entries of the Mamba table of {step.request_id}", a, b))
+        check(tables, layouts[0] == layouts[1],
+              lambda: _diff(f"null entries in the tables of {step.request_id}", mine, theirs))
+        check("KV-POOL-004", tuple(map(tuple, actual)) == tuple(map(tuple, expected)),
+              lambda: _diff("newly allocated blocks per group", expected, actual))
+        after = self._groups_judge(_rules("KV-HLC-002", tables=tables, ref_counts="KV-POOL-008",
+                                   free_queue="KV-HLC-001", cached=self._caching_rule()))
+        for (kind, size, _), table in zip(groups, after.block_tables.get(step.request_id, ())):
+            if kind == spec.CROSS_ATTENTION:
+                check("KV-CROSS-001", len(table) == cdiv(encoder, size), lambda table=table, size=size: (
+                    f"cross-attention table {list(table)} for {encoder} encoder tokens of block size {size}"))
+
+    def _caching_rule(self) -> str:
+        """The most specific caching rule this configuration exercises."""
+        assert self.setup is not None
+        groups = self.setup.groups
+        if len(groups) == 1 or not self.setup.enable_caching:
+            return "KV-HLC-005"
+        alignment = math.lcm(*(size for _, size, _ in groups))
+        eagle = self.setup.use_eagle
+        sparse = any(kind == hybrid_spec.SLIDING_WINDOW
+                     and cdiv(param - 1, size) + int(eagle) < alignment // size
+                     for kind, size, param in groups)
+        return "KV-SWA-011" if sparse else "KV-HYB-010"
+
+    def _groups_lookup(self, request_id: str) -> Lookup:
+        assert self.setup is not None
+        expected = self.model.lookup(request_id)
+        actual: Lookup = self.call("lookup", request_id, rule="KV-HYB-003")  # type: ignore[assignment]
+        check = self.verdicts.check
+        for g, (kind, _, _) in enumerate(self.setup.groups):
+            if kind == spec.CROSS_ATTENTION and g < len(actual.block_ids):
+                check("KV-CROSS-002", not actual.block_ids[g], lambda g=g: (
+                    f"the lookup of {request_id} hits cross-attention group {g}: {list(actual.block_ids[g])}"))
+        rule_id = "KV-HYB-014" if len(self.setup.groups) == 1 else "KV-HYB-003"
+        check(rule_id, actual.num_tokens == expected.num_tokens,
+              lambda: _diff(f"hit length of {request_id}", expected.num_tokens, actual.num_tokens))
+        check("KV-FULL-002", tuple(map(tuple, actual.block_ids)) == tuple(map(tuple, expected.block_ids)),
+              lambda: _diff(f"hit blocks of {request_id}", expected.block_ids, actual.block_ids))
+        return expected
+
+
+    def _groups_Observe(self, step: steps.Observe) -> None:
+        self._groups_judge(_rules("KV-HLC-001"))
+
+def _rules(default: str, **fields: str) -> dict[str, str]:
+    names = ("num_free", "tables", "ref_counts", "free_queue", "cached")
+    return {name: fields.get(name, default) for name in names}
+
+
+def _short(cached: object) -> object:
+    if not isinstance(cached, dict):
+        return cached
+    return {(key.hex()[:8] if isinstance(key, bytes) else key, group): blocks
+            for (key, group), blocks in sorted(cached.items(), key=lambda kv: (kv[0][1], kv[1]))}
+
+
