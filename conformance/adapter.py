@@ -14,6 +14,15 @@ hash of a prefix into kvoracle's hash of the same prefix
 (:func:`kvoracle.spec.hashing.extend_block_hashes`). Engine hashes that do not
 correspond to any prefix the adapter has seen are reported as
 ``UNKNOWN_HASH + engine bytes``.
+
+Optional operations (:class:`OptionalEngineAdapter`) are offered only by an adapter that
+claims their capability; the rules needing it are "not applicable" to any other:
+
+* ``skipped_tokens``: ``skipped_tokens(num_computed_tokens)``, each group's count of leading
+  tokens that no future token's window reaches once that many are computed (vLLM's
+  ``get_num_skipped_tokens`` of each single-type manager). The manager suite asks it in
+  models of several groups at each allocation's computed-token count and judges the
+  sliding-window (KV-SWA-006) and chunked-local (KV-CHUNK-002) entries.
 """
 
 from __future__ import annotations
@@ -67,6 +76,7 @@ RETURNS = {
     "allocate": returns.optional(returns.block_id_groups),
     "reset_prefix_cache": returns.boolean,
     "common_prefix_blocks": returns.sequence_of(returns.integer),
+    "skipped_tokens": returns.sequence_of(returns.integer),
     "observe": returns.attributes(
         Observation, num_free_blocks=returns.integer, usage=returns.instance_of((int, float)),
         block_tables=returns.mapping_of(returns.instance_of(str), returns.block_id_groups),
@@ -130,3 +140,16 @@ class EngineAdapter(Protocol):
     def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]: ...
 
     def observe(self) -> Observation: ...
+
+
+@runtime_checkable
+class OptionalEngineAdapter(Protocol):
+    """The optional operations of an engine adapter, each offered only by an adapter that
+    claims its capability (``capabilities()``)."""
+
+    def capabilities(self) -> Capabilities: ...
+
+    def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
+        """``skipped_tokens``: per KV-cache group, in order, the tokens skipped after
+        ``num_computed_tokens`` computed tokens (``get_num_skipped_tokens``; 0 for a group that
+        skips none). Asked only of models configured with a ``HybridConfig``."""

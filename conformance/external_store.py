@@ -38,8 +38,8 @@ them and did not):
   one lookup at the bound with the drop and without the look-ahead;
 * KV-EXT-010: with partial hash hits, a full-attention group asked to load the
   chunk a hit ends inside, whose key at the hit's end is missing although the
-  key at the chunk's own end exists (the group was found at the longer block and
-  trimmed to a shorter hash boundary).
+  group holds the chunk under a later hash boundary inside it (the group was
+  found at the longer boundary and trimmed to a shorter one).
 
 Engines that support vLLM's partial hash hits (``supports_partial_hash_hits``)
 also get full-attention + Mamba configurations with Mamba blocks larger than
@@ -420,15 +420,18 @@ class StoreDriver(Driver):
                             for i in range(len(mask)))
             inside = hit // size
             if setup.partial and kind == hybrid_spec.FULL and hit % size and mask[inside]:
-                # KV-EXT-010: the hit ends inside a chunk the group holds under the chunk's own end.
-                block_end = (inside + 1) * size // setup.hash_block_size - 1
-                if block_end < len(hashes) and (g, hashes[block_end]) in exists:
+                # KV-EXT-010: the hit ends inside a chunk that the group holds under a later hash
+                # boundary of the chunk (its end, or the prompt's last hash inside it).
+                later = [i for i in range(hit // setup.hash_block_size,
+                                          min((inside + 1) * size // setup.hash_block_size, len(hashes)))
+                         if (g, hashes[i]) in exists]
+                if later:
                     check("KV-EXT-010", present[inside],
-                          lambda g=g, size=size, inside=inside:
+                          lambda g=g, size=size, inside=inside, later=later:
                           f"hit {hit} ends inside chunk {inside} of full-attention group {g} (block size {size}): "
-                          f"the store holds the chunk under its own end ({(inside + 1) * size} tokens) but not "
-                          f"under the hit's end, the key a load fetches it by -- the group was found at the "
-                          f"longer block and trimmed to a shorter hash boundary; {detail}")
+                          f"the store holds the chunk under its key at {(later[-1] + 1) * setup.hash_block_size} "
+                          f"tokens but not at the hit's end, the key a load fetches it by -- the group was found "
+                          f"at the longer boundary and trimmed to a shorter one; {detail}")
             check("KV-EXT-002", spec.is_loadable(tuple(mask), present),
                   lambda g=g, mask=mask, present=present, size=size:
                   f"hit {hit}: group {g} (block size {size}) asks for chunks {_fmt([mask])[0]} but the store "

@@ -47,7 +47,8 @@ is reported "not applicable" on the rule, with the capability it lacks):
 * ``uncached_prefix_tokens``: after a lookup that passed the checks above, the adapter's
   ``uncached_common_prefix_tokens()`` -- the coordinator's third result -- against the spec's
   (KV-HYB-008): the third result of :func:`~kvoracle.spec.hybrid.fixed_point`, or 0 for a model
-  with one KV-cache group (KV-HYB-014);
+  with one KV-cache group (KV-HYB-014). A wrong count that exactly one other loop gives with the
+  same answer names that loop's rule, as a wrong hit does (KV-SWA-001, KV-HYB-005);
 * ``per_group_lookup``: after such a lookup, in a model of two or more KV-cache groups (vLLM's
   unitary coordinator has no per-group lookup), ``lookup_per_group()`` at the same bound
   against :func:`~kvoracle.spec.hybrid.per_group_hits`. A non-full group's entries that no

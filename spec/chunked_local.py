@@ -52,6 +52,8 @@ KV_CHUNK_002 = rule(
     """After n computed tokens get_num_skipped_tokens(n) == floor(n / chunk) * chunk.""",
     source=f"{STKV} ChunkedLocalAttentionManager.get_num_skipped_tokens",
     chapter=CHAPTER,
+    judged_by=("manager",),
+    needs=("kv_cache_groups", "skipped_tokens"),
 )
 KV_CHUNK_003 = rule(
     "KV-CHUNK-003",

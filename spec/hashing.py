@@ -101,6 +101,7 @@ KV_HASH_006 = rule(
     source=f"{VLLM_UTILS} BlockHashListWithBlockSize",
     chapter=CHAPTER,
     needs=("hash_block_views",),
+    judged_by=("manager",),
 )
 KV_HASH_007 = rule(
     "KV-HASH-007",

@@ -41,7 +41,8 @@ SUITES = ("manager", "hybrid", "external-store")
 #: conformance package; a test keeps the two in step).
 CAPABILITIES = ("exact_block_ids", "free_queue", "ref_counts", "cache_map", "request_hashes", "eagle",
                 "caching_off", "lookahead", "delay_cache", "evict", "reset", "cache_salt",
-                "hash_block_views", "kv_data", "kv_cache_groups", "uncached_prefix_tokens", "per_group_lookup")
+                "hash_block_views", "kv_data", "kv_cache_groups", "uncached_prefix_tokens", "per_group_lookup",
+                "skipped_tokens")
 
 #: ``spec_only`` reasons shared by several rules.
 INPUT_VALIDATION = ("kvoracle's own input validation: it rejects the configuration or argument with a "
@@ -57,20 +58,12 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 #: with what a suite would need to judge it. Exactly the rules with neither
 #: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that).
 NOT_YET_JUDGED: dict[str, str] = {
-    "KV-CHUNK-002": "manager (several groups): the skip count shows only as the null prefix that KV-SWA-007's "
-                    "freeing or KV-HLC-003's adoption leaves; counting at n - 1 ((n - 1) // chunk * chunk) "
-                    "keeps a whole chunk, as freeing at the computed count before the step (against "
-                    "KV-HLC-001) does whenever that count lies in the previous chunk; the adapter would have "
-                    "to report get_num_skipped_tokens to tell them apart",
     "KV-EXT-014": "external-store: generate EAGLE with a sliding window of 1 (store_setups turns it into 2 today) "
-                  "and charge the block load_mask adds before the hit to this rule",
-    "KV-HASH-006": "manager (several groups): claim hash_block_views and charge the cache keys of groups coarser "
-                   "than the hash block (block j under hash unit (j+1)*k-1) to this rule; the cache-map "
-                   "comparison charges them to the caching rules today",
-    "KV-SWA-006": "manager (several groups): the skip count shows only as the null prefix that KV-SWA-007's "
-                  "freeing or KV-SWA-009's adoption leaves; a count one token short (n - window) leaves "
-                  "exactly the table and free queue of a freeing loop that stops one block short, so the "
-                  "adapter would have to report get_num_skipped_tokens to tell them apart",
+                  "and charge the block load_mask adds before the hit to this rule; first the reference must "
+                  "not ask for that block itself: its lookup masks are spec.load_mask at the hit, without the "
+                  "drop, so it asks for the unchecked block too and breaks KV-EXT-002 (its own postcondition "
+                  "fires: (full, 2) + (window 1, block 1), EAGLE, Store(0, 6), LookUp); spec.load_mask and "
+                  "KV-EXT-003/004 would have to give an EAGLE window-1 group no block (the hit's null entries)",
 }
 
 

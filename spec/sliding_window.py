@@ -115,6 +115,8 @@ KV_SWA_006 = rule(
     tokens no future token's window reaches.""",
     source=f"{STKV} SlidingWindowManager.get_num_skipped_tokens",
     chapter=CHAPTER,
+    judged_by=("manager",),
+    needs=("kv_cache_groups", "skipped_tokens"),
 )
 KV_SWA_007 = rule(
     "KV-SWA-007",

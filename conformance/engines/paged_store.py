@@ -236,6 +236,10 @@ class PagedStoreWrapper:
     def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         return self.inner.common_prefix_blocks(request_id)
 
+    def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
+        """Passed through; asked only where the inner adapter claims ``skipped_tokens``."""
+        return self.inner.skipped_tokens(num_computed_tokens)  # type: ignore[attr-defined, no-any-return]
+
     def observe(self) -> Observation:
         observation = self.inner.observe()
         return attrs.evolve(observation, data_checks=self._data_checks(observation))

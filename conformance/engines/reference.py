@@ -32,7 +32,8 @@ class ReferenceEngine:
         return __version__
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(common_prefix=self.common_prefix, kv_cache_groups=True)
+        return Capabilities(common_prefix=self.common_prefix, kv_cache_groups=True, hash_block_views=True,
+                            skipped_tokens=True)
 
     def make_manager(self, config: EngineConfig) -> KVCacheManager:
         return KVCacheManager(config)
@@ -103,6 +104,11 @@ class ReferenceEngine:
         if self.common_prefix == "cascade":
             return tuple(self.manager.get_num_common_prefix_blocks_cascade(request_id))
         return tuple(self.manager.get_num_common_prefix_blocks(request_id))
+
+    def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
+        """Each group's skipped tokens after ``num_computed_tokens`` (KV-SWA-006, KV-CHUNK-002)."""
+        assert self.manager is not None
+        return tuple(group.skipped_tokens(num_computed_tokens) for group in self.manager.groups)
 
     def observe(self) -> Observation:
         manager = self.manager

@@ -113,7 +113,8 @@ class VllmEngine:
 
     def capabilities(self) -> Capabilities:
         # Everything exact; vLLM 0.33 removed cascade attention (KV-LIFE-010).
-        return Capabilities(common_prefix="zero", kv_cache_groups=True)
+        return Capabilities(common_prefix="zero", kv_cache_groups=True, hash_block_views=True,
+                            skipped_tokens=True)
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: EngineConfig | HybridConfig) -> None:
@@ -234,6 +235,11 @@ class VllmEngine:
 
     def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         return tuple(self.manager.get_num_common_prefix_blocks(request_id))
+
+    def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
+        """``get_num_skipped_tokens`` of each group's single-type manager, in group order."""
+        return tuple(int(m.get_num_skipped_tokens(num_computed_tokens))
+                     for m in self.manager.coordinator.single_type_managers)
 
     # -- observation ---------------------------------------------------------------------
     def observe(self) -> Observation:

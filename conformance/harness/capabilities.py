@@ -48,6 +48,9 @@ class Capabilities:
     uncached_prefix_tokens: bool = False
     #: The hybrid lookup adapter looks each spec group up alone (``lookup_per_group()``).
     per_group_lookup: bool = False
+    #: The manager adapter reports each group's skipped-token count for a computed-token count
+    #: (``skipped_tokens(num_computed_tokens)``, vLLM's ``get_num_skipped_tokens``).
+    skipped_tokens: bool = False
 
     @common_prefix.validator
     def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:

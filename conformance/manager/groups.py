@@ -17,6 +17,16 @@ KV-POOL-015 and KV-LIFE-012 (caching off caches nothing); and a cross-attention 
 waiting request holds without its allocation having given it before the table
 comparison.
 
+Two rules are judged only where the engine claims what they need. With ``skipped_tokens``
+the engine reports each group's skipped-token count at the computed-token count an
+allocation frees at, before the allocation, and the sliding-window and chunked-local entries
+are compared with the spec's (KV-SWA-006, KV-CHUNK-002): a wrong count shows otherwise only
+as the null prefix it leaves, which a freeing loop that stops one block early leaves too.
+With ``hash_block_views``, a block of a group coarser than the hash blocks that the engine
+caches under another hash unit of the same request than the reference's key, unit
+``(j + 1) * k - 1`` for its block ``j`` (KV-HASH-006), is charged to that rule before the
+cache-map comparison.
+
 An engine in a paged KV store (``--engine paged-reference`` or ``paged-vllm``,
 :mod:`..engines.paged_store`) claims ``kv_data``: its observations carry the store's data
 checks, one tensor per group, and the suite judges the KV-DATA rules too.
@@ -28,14 +38,19 @@ import copy
 import math
 
 from kvoracle.spec import block_pool as pool_spec
+from kvoracle.spec import chunked_local as chunk_spec
+from kvoracle.spec import hashing
 from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
+from kvoracle.spec import sliding_window as swa_spec
 from kvoracle.spec.lifecycle import cdiv
 
 from .. import invariants, steps
 from ..adapter import Lookup, Observation
 
 NULL_BLOCK_ID = 0
+#: The rule of each kind's skipped-token count.
+SKIP_RULES = {hybrid_spec.SLIDING_WINDOW: "KV-SWA-006", hybrid_spec.CHUNKED_LOCAL: "KV-CHUNK-002"}
 
 
 def _diff(label: str, expected: object, actual: object) -> str:
@@ -63,9 +78,69 @@ class GroupsJudge:
         check(rules["num_free"], actual.num_free_blocks == expected.num_free_blocks,
               lambda: _diff("free blocks", expected.num_free_blocks, actual.num_free_blocks))
         if actual.cached is not None:
+            self._judge_views(expected.cached or {}, actual.cached)
             check(rules["cached"], dict(actual.cached) == dict(expected.cached or {}),
                   lambda: _diff("cache map", _short(expected.cached), _short(actual.cached)))
         return actual
+
+    def _judge_views(self, expected: dict, actual: dict) -> None:
+        """KV-HASH-006: a block of a coarse group (``k`` hash blocks a block) the engine caches
+        under another hash unit of the request than the one the block-size view names."""
+        assert self.setup is not None
+        h = self.setup.hash_block_size
+        coarse = {g: size // h for g, (_, size, _) in enumerate(self.setup.groups) if size > h}
+        if not coarse or not self.verdicts.applicable("KV-HASH-006"):
+            return
+        keys: dict[tuple[int, int], list[bytes]] = {}
+        for (key, g), blocks in actual.items():
+            for block in blocks if g in coarse else ():
+                keys.setdefault((g, block), []).append(key)
+        seen = False
+        for (want, g), blocks in expected.items():
+            for block in blocks if g in coarse else ():
+                theirs = keys.get((g, block), [])
+                if want in theirs:
+                    seen = True
+                    continue  # (a stale or extra entry besides it is the caching rules' to judge)
+                found = next(((chain, key) for key in theirs for chain in self._hash_chains.values()
+                              if want in chain and key in chain), None)
+                if found is None:
+                    continue  # not another unit of the same prefix: the caching rules judge it
+                units, key = found
+                k, unit, view = coarse[g], units.index(key), units.index(want)
+                j = (view + 1) // k - 1
+                self.verdicts.check("KV-HASH-006", False, (
+                    f"group {g} (blocks of {k} hash blocks): block {block}, block {j} of a request's table, is "
+                    f"cached under hash unit {unit}; the block-size view names it by unit (j + 1) * k - 1 = "
+                    f"{hashing.block_size_view_index(j, k)}"))
+        if seen:
+            self.verdicts.check("KV-HASH-006", True)
+
+    def _judge_skipped(self, num_computed_tokens: int) -> None:
+        """KV-SWA-006, KV-CHUNK-002: the engine's skipped tokens of each sliding-window and
+        chunked-local group after ``num_computed_tokens``, against the spec's count."""
+        assert self.setup is not None
+        groups = self.setup.groups
+        judged = [(g, kind, param) for g, (kind, _, param) in enumerate(groups)
+                  if kind in SKIP_RULES and self.verdicts.applicable(SKIP_RULES[kind])]
+        if not judged:
+            return
+        got = self.call("skipped_tokens", num_computed_tokens, rule=SKIP_RULES[judged[0][1]])
+        check = self.verdicts.check
+        check(SKIP_RULES[judged[0][1]], len(got) == len(groups), lambda: (
+            f"skipped_tokens({num_computed_tokens}) answered {len(got)} counts for {len(groups)} groups"))
+        for g, kind, param in judged:
+            if kind == hybrid_spec.SLIDING_WINDOW:
+                want, how = swa_spec.num_skipped_tokens(num_computed_tokens, param), f"sliding window {param}"
+            else:
+                want, how = chunk_spec.num_skipped_tokens(num_computed_tokens, param), f"chunk {param}"
+            check(SKIP_RULES[kind], got[g] == want, lambda g=g, want=want, how=how: (
+                f"group {g} ({how}) skips {got[g]} tokens after {num_computed_tokens} computed; the spec "
+                f"says {want}"))
+
+    def _remember_hashes(self, request_id: str) -> None:
+        """The request's hash units, for telling one unit from another (KV-HASH-006)."""
+        self._hash_chains[request_id] = tuple(self.model.requests[request_id].block_hashes)
 
     def _groups_ConfigureGroups(self, step: steps.ConfigureGroups) -> None:
         self.setup = step
@@ -73,16 +148,20 @@ class GroupsJudge:
         self.model.configure(config)
         self.new_engine()
         self.running = set()
+        #: Every request's hash units, kept after it finishes (its blocks may stay cached).
+        self._hash_chains: dict[str, tuple[bytes, ...]] = {}
         self.call("configure", config, rule="KV-HLC-001")
         self._groups_judge(_rules("KV-POOL-012"))
 
     def _groups_AddRequest(self, step: steps.AddRequest) -> None:
         self.model.add_request(step.request_id, step.prompt)
         self.call("add_request", step.request_id, step.prompt, rule="KV-HLC-001")
+        self._remember_hashes(step.request_id)
 
     def _groups_AppendTokens(self, step: steps.AppendTokens) -> None:
         self.model.append_tokens(step.request_id, step.tokens)
         self.call("append_tokens", step.request_id, step.tokens, rule="KV-HLC-001")
+        self._remember_hashes(step.request_id)
 
     def _groups_Free(self, step: steps.Free) -> None:
         without_partial = self._queue_without_partial_entries(step)
@@ -152,6 +231,9 @@ class GroupsJudge:
         if new <= 0:
             return  # nothing to compute: the scheduler would not schedule it
         encoder = self.setup.num_encoder_tokens
+        # The count the allocation frees the skipped blocks at (KV-SWA-007), asked first: a
+        # wrong count shows next only as the null prefix it leaves.
+        self._judge_skipped(min(request.num_computed_tokens + hit.num_tokens, self.setup.max_model_len))
         expected = self.model.allocate(step.request_id, new + step.num_draft_tokens, hit.num_tokens,
                                        step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
         actual = self.call("allocate", step.request_id, new + step.num_draft_tokens, hit.num_tokens,
