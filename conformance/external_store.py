@@ -35,11 +35,15 @@ them and did not):
   (:func:`kvoracle.spec.external_store.store_eagle_groups`) instead of the local
   coordinator's (none);
 * KV-EXT-013: with several KV-cache groups sharing one spec and EAGLE, the hit of
-  one lookup at the bound with the drop and without the look-ahead;
+  one lookup at the bound with the drop and without the look-ahead, or the load
+  masks of that lookup where the local loop's last lookup had no drop;
 * KV-EXT-010: with partial hash hits, a full-attention group asked to load the
   chunk a hit ends inside, whose key at the hit's end is missing although the
   group holds the chunk under a later hash boundary inside it (the group was
-  found at the longer boundary and trimmed to a shorter one).
+  found at the longer boundary and trimmed to a shorter one);
+* KV-EXT-014: ``load_mask(hashes, hit)`` of an EAGLE sliding window of 1 marking the
+  block before the hit (the mask recomputed without the drop), where the group's hit
+  reads no block.
 
 Engines that support vLLM's partial hash hits (``supports_partial_hash_hits``)
 also get full-attention + Mamba configurations with Mamba blocks larger than
@@ -243,13 +247,22 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
         shared = draw(st.sampled_from([g for g in hybrid.groups if g[0] != hybrid_spec.MAMBA] or hybrid.groups),
                       label="shared spec")
         hybrid = attrs.evolve(hybrid, groups=(shared,) * len(hybrid.groups))
-    if hybrid.use_eagle:  # KV-EXT-014: window 1 with EAGLE is a named difference, not generated
-        hybrid = attrs.evolve(hybrid, groups=tuple(
-            (kind, size, 2 if kind == hybrid_spec.SLIDING_WINDOW and param == 1 else param)
-            for kind, size, param in hybrid.groups))
-    elif draw(st.integers(0, 4), label="window of 1") == 0:  # KV-EXT-011 needs one, outside EAGLE
-        hybrid = attrs.evolve(hybrid, groups=tuple(
-            (kind, size, 1 if kind == hybrid_spec.SLIDING_WINDOW else param) for kind, size, param in hybrid.groups))
+    if draw(st.integers(0, 2 if hybrid.use_eagle else 3), label="window of 1") == 0:
+        # Windows of 1: never stored without EAGLE (KV-EXT-011); with EAGLE their hits read no
+        # block, which load_mask must not ask for (KV-EXT-014). Without a window the last
+        # group becomes one.
+        groups = tuple((kind, size, 1 if kind == hybrid_spec.SLIDING_WINDOW else param)
+                       for kind, size, param in hybrid.groups)
+        if len(groups) > 1 and not any(kind == hybrid_spec.SLIDING_WINDOW for kind, _, _ in groups):
+            groups = (*groups[:-1], (hybrid_spec.SLIDING_WINDOW, groups[-1][1], 1))
+        windows = [g for g in groups if g[0] == hybrid_spec.SLIDING_WINDOW]
+        if hybrid.use_eagle and windows and draw(st.booleans(), label="full and window of 1"):
+            # Full attention and the window alone: the loop's single pass leaves the window's
+            # EAGLE drop in place (KV-HYB-005), so its hit reads no block; after a second pass
+            # its last lookup has no drop and reads the block before the hit.
+            full = next((g for g in groups if g[0] == hybrid_spec.FULL), (hybrid_spec.FULL, hybrid.hash_block_size, 0))
+            groups = (full, windows[0])
+        hybrid = attrs.evolve(hybrid, groups=groups)
     flaggable = [kind != hybrid_spec.CHUNKED_LOCAL for kind, _, _ in hybrid.groups]
     marks = draw(st.sampled_from(["none", "some", "some"]), label="eagle marks")
     flags = tuple(ok and marks == "some" and draw(st.booleans(), label="eagle group") for ok in flaggable)
@@ -314,22 +327,12 @@ class StoreDriver(Driver):
                        else spec.store_mask(kind, size, param, eagle, self.model.alignment, 0, end))
         return tuple(out)
 
-    def _hit_masks(self, flat: tuple[hybrid_spec.SpecGroup, ...], last: tuple[tuple[int, bool], ...],
-                   hit: int) -> Masks:
+    def _hit_masks(self, last: tuple[tuple[int, bool], ...], hit: int) -> Masks:
         """Per KV-cache group, the non-null entries of a ``hit``-token hit whose spec groups
-        ``flat`` were last looked up with ``last`` (bound, drop) (KV-HYB-013)."""
+        were last looked up with ``last`` (bound, drop) (KV-HYB-013)."""
         assert self.model is not None and self.setup is not None
-        out = []
-        for g in range(len(self.setup.groups)):
-            group = self.model._group_of(g)
-            kind, size, param, _ = flat[group]
-            if kind != hybrid_spec.SLIDING_WINDOW:  # the drop moves only a window's null entries
-                out.append(self.model.group_load_mask(g, hit))
-                continue
-            bound, drop = last[group]
-            nulls = hybrid_spec.num_null_hit_blocks(kind, hit // size, bound, drop, size, param)
-            out.append(tuple(j >= nulls for j in range(hit // size)))
-        return tuple(out)
+        return tuple(self.model.group_load_mask(g, hit, last[self.model._group_of(g)][1])
+                     for g in range(len(self.setup.groups)))
 
     def _Put(self, step: Put) -> None:
         assert self.setup is not None
@@ -466,15 +469,27 @@ class StoreDriver(Driver):
             check("KV-EXT-001", hit == want,
                   lambda: f"hit {hit}; the local hybrid loop over the store's keys answers {want}; spec groups "
                           f"{list(flat)}, stored {_fmt(cached)}; {detail}")
-            at_hit = tuple(model.group_load_mask(g, hit) for g in range(len(setup.groups)))
+            _, last_local = model.local_loop(hashes, bound, ExternalCachedBlockPool(setup.hash_block_size, exists))
+            at_hit = self._hit_masks(last_local, hit)
+            reads_none = tuple(spec.reads_no_block(kind, param, last_local[model._group_of(g)][1])
+                               for g, (kind, _, param) in enumerate(setup.groups))
             if store_flat != flat and hit % alignment == 0:
                 alt, last = _store_loop(store_flat, cached, bound, hashed, alignment)
-                dropped = self._hit_masks(store_flat, last, hit) if alt == hit else at_hit
+                dropped = self._hit_masks(last, hit) if alt == hit else at_hit
                 if dropped != at_hit:
                     check("KV-EXT-009", masks != dropped,
                           lambda: f"hit {hit}: load masks {_fmt(masks)}, the null entries of lookups with the "
                                   f"EAGLE drop in the marked groups {list(setup.eagle_groups)} although EAGLE is "
                                   f"off; the groups' load masks at {hit} are {_fmt(at_hit)}; {detail}")
+            elif len(flat) == 1 and len(setup.groups) > 1 and flat[0][3] and hit % alignment == 0:
+                alt, last = _store_loop(flat, cached, bound, hashed, alignment)
+                direct = self._hit_masks(last, hit) if alt == hit else at_hit
+                if direct != at_hit:
+                    check("KV-EXT-013", masks != direct,
+                          lambda: f"hit {hit}: load masks {_fmt(masks)}, the null entries of the spec group's own "
+                                  f"lookup at the bound (with the EAGLE drop, without the look-ahead); the local "
+                                  f"loop's last lookup leaves {_fmt(at_hit)}; spec group {flat[0]} of "
+                                  f"{len(setup.groups)} KV-cache groups; {detail}")
             check("KV-EXT-003", hit % alignment != 0 or masks == at_hit,
                   lambda: f"hit {hit}: load masks {_fmt(masks)}; the groups' load masks at {hit} are "
                           f"{_fmt(at_hit)}; {detail}")
@@ -485,13 +500,33 @@ class StoreDriver(Driver):
                           f"over a pool holding the same keys answers {local}; EAGLE on: {setup.use_eagle}, "
                           f"EAGLE groups {list(setup.eagle_groups)}; {detail}")
         loaded = self.call("load_mask", hashes, hit, rule="KV-EXT-004")
+        if self.model is None:
+            reads_none = tuple(False for _ in setup.groups)
+        if hit and len(loaded) == len(setup.groups):
+            self._judge_window_one_loads(loaded, hit, reads_none, detail)
         check("KV-EXT-004", len(loaded) == len(setup.groups) and all(
-            len(m) == cdiv(hit, size) and (hit == 0 or m[-1] or kind == hybrid_spec.CHUNKED_LOCAL)
-            for m, (kind, size, _) in zip(loaded, setup.groups)),
+            len(m) == cdiv(hit, size) and (hit == 0 or m[-1] or kind == hybrid_spec.CHUNKED_LOCAL or none)
+            for m, (kind, size, _), none in zip(loaded, setup.groups, reads_none)),
               lambda: f"load_mask(hashes, {hit}) is {_fmt(loaded)}: it does not cover the whole hit (an "
                       f"EAGLE block dropped again?); {detail}")
         check("KV-EXT-003", loaded == masks,
               lambda: f"load_mask(hashes, {hit}) is {_fmt(loaded)}, the lookup's masks {_fmt(masks)}; {detail}")
+
+
+    def _judge_window_one_loads(self, loaded: Masks, hit: int, reads_none: tuple[bool, ...], detail: str) -> None:
+        """KV-EXT-014: an EAGLE window of 1 whose last lookup dropped its peek block (its hit
+        reads no block), and whose ``load_mask`` asks for the block before the hit: the mask
+        recomputed without the drop."""
+        assert self.setup is not None
+        for g, (kind, size, param) in enumerate(self.setup.groups):
+            if not reads_none[g] or len(loaded[g]) != hit // size:
+                continue
+            undropped = spec.load_mask(kind, size, param, hit)
+            self.verdicts.check("KV-EXT-014", tuple(loaded[g]) != undropped, lambda g=g, size=size: (
+                f"load_mask(hashes, {hit}) asks group {g} (an EAGLE sliding window of 1, block size {size}) for "
+                f"chunks {_fmt([loaded[g]])[0]}: the block before the hit, which its lookup never checked "
+                f"(it checked only the peek block past the hit and dropped it); the group's hit reads no "
+                f"block; {detail}"))
 
 
 class ExternalStoreMachine(SuiteMachine):
@@ -508,10 +543,23 @@ class ExternalStoreMachine(SuiteMachine):
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
         self.driver.apply(data.draw(store_setups(type(self).partial), label="setup"))
-        if self._alive() and not self.driver.setup.partial and data.draw(st.integers(0, 2), label="first store"):
+        if self._alive() and self.driver.setup.partial and data.draw(st.integers(0, 2), label="first put"):
+            # Partial hash hits: most examples start from keys at arbitrary hash boundaries of one
+            # prompt in every group, looked up at once (a hit the groups trim to a boundary one
+            # of them lacks, KV-EXT-010).
+            self.put(data)
+            self.driver.apply(LookUp(self.touched[-1], None))
+        elif self._alive() and not self.driver.setup.partial and data.draw(st.integers(0, 2), label="first store"):
             # Most examples start from a stored prompt, so that even short ones judge a store
-            # mask and look something up that the store holds.
-            self._store(data)
+            # mask and look something up that the store holds: half of them at once, at the
+            # prompt's bound or a segment short of what was stored (with EAGLE, a group finer
+            # than the alignment finds its peek block only inside the stored segments).
+            stored = self._store(data)
+            if data.draw(st.booleans(), label="first lookup"):
+                alignment = self.driver.setup.scheduler_block_size
+                bound = data.draw(st.sampled_from([None, max(0, stored.aligned_len - alignment)]),
+                                  label="first bound")
+                self.driver.apply(LookUp(stored.prompt, bound))
 
     def _alive(self) -> bool:
         return self.driver.setup is not None and not self.driver.dead
@@ -526,13 +574,15 @@ class ExternalStoreMachine(SuiteMachine):
     def store(self, data: st.DataObject) -> None:
         self._store(data)
 
-    def _store(self, data: st.DataObject) -> None:
+    def _store(self, data: st.DataObject) -> Store:
         setup = self.driver.setup
         prompt = self._prompt(data)
         alignment = setup.scheduler_block_size
         most = len(setup.prompts[prompt]) // alignment
         self.touched.append(prompt)
-        self.driver.apply(Store(prompt, alignment * data.draw(st.integers(0, most), label="segments")))
+        step = Store(prompt, alignment * data.draw(st.integers(0, most), label="segments"))
+        self.driver.apply(step)
+        return step
 
     @precondition(_alive)
     @rule(data=st.data())

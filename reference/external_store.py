@@ -77,10 +77,20 @@ class ExternalStoreConfig:
         return self.hybrid_config().scheduler_block_size
 
 
-def _masks_cover_hit(coordinator: ExternalStoreCoordinator, masks: tuple[list[bool], ...], hit: int) -> bool:
-    """KV-EXT-003: each group's mask is the spec's load mask at the hit."""
-    return all(tuple(masks[g]) == coordinator.group_load_mask(g, hit)
-               for g in range(len(coordinator.config.kv_cache_specs)))
+def _masks_cover_hit(coordinator: ExternalStoreCoordinator, block_hashes: Sequence[bytes], max_length: int,
+                     pool: ExternalCachedBlockPool, masks: tuple[list[bool], ...], hit: int) -> bool:
+    """KV-EXT-003: each group's mask is the spec's load mask at the hit, with the drop of the
+    group's last lookup in the local loop (KV-HYB-013)."""
+    _, last = coordinator.local_loop(block_hashes, max_length, pool)
+    return all(tuple(masks[g]) == coordinator.group_load_mask(g, hit, last[coordinator._group_of(g)][1])
+               for g in range(len(coordinator.config.kv_cache_specs)) if coordinator._has_group(g))
+
+
+def _reads_no_block_at_end(group: hybrid_spec.SpecGroup) -> bool:
+    """KV-EXT-004's exceptions: a chunked local group (on a chunk boundary) and an EAGLE
+    window of 1 (KV-EXT-014) may leave a hit's last block unloaded."""
+    kind, _, param, eagle = group
+    return kind == hybrid_spec.CHUNKED_LOCAL or spec.reads_no_block(kind, param, eagle)
 
 
 class ExternalStoreCoordinator:
@@ -94,6 +104,9 @@ class ExternalStoreCoordinator:
         self.spec_groups = self.local.spec_groups
         drop = spec.local_eagle_groups(config.flags, config.use_eagle)
         self.group_eagle = tuple(any(drop[g] for g in group.group_ids) for group in self.spec_groups)
+        #: The masks of the hits answered, by (prompt hashes, hit): ``load_mask`` gives a hit's
+        #: receiving side the masks of the lookup that answered it (KV-EXT-003).
+        self._answered: dict[tuple[tuple[bytes, ...], int], tuple[list[bool], ...]] = {}
 
     @property
     def alignment(self) -> int:
@@ -126,40 +139,61 @@ class ExternalStoreCoordinator:
         return tuple(pool.contains(group_id, block_hashes[
             spec.chunk_key_index(i, size, self.config.hash_block_size, hit)]) for i in range(cdiv(hit, size)))
 
-    def group_load_mask(self, group_id: int, hit: int) -> tuple[bool, ...]:
-        """The spec's load mask of ``group_id`` at ``hit`` (empty for a group never looked up)."""
+    def group_load_mask(self, group_id: int, hit: int, dropped: bool | None = None) -> tuple[bool, ...]:
+        """The spec's load mask of ``group_id`` at ``hit`` (empty for a group never looked up).
+        ``dropped``: whether the group's last lookup applied the EAGLE drop (default: the
+        group has the local coordinator's drop)."""
         if not self._has_group(group_id):
             return ()
-        kind, size, param, _ = self.flat_groups()[self._group_of(group_id)]
-        return spec.load_mask(kind, size, param, hit)
+        kind, size, param, eagle = self.flat_groups()[self._group_of(group_id)]
+        return spec.load_mask(kind, size, param, hit, eagle if dropped is None else dropped)
+
+    def local_loop(self, block_hashes: Sequence[bytes], max_length: int, pool: ExternalCachedBlockPool
+                   ) -> tuple[int, tuple[tuple[int, bool], ...]]:
+        """The local hybrid loop over the store's flags: the hit and each spec group's last
+        lookup ``(bound, drop)`` (KV-EXT-001, KV-HYB-013)."""
+        result = hybrid_spec.fixed_point(self.flat_groups(), self.existence_flags(block_hashes, pool), max_length,
+                                         len(block_hashes) * self.config.hash_block_size, self.alignment)
+        return result[0], result[4]
 
     @icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
     @icontract.ensure(lambda self, max_length, result: 0 <= result[1] <= max_length
                       and result[1] % self.alignment == 0, "KV-EXT-001: an aligned hit within the bound",
                       enabled=ENABLED)
-    @icontract.ensure(lambda self, result: _masks_cover_hit(self, result[0], result[1]),
+    @icontract.ensure(lambda self, block_hashes, max_length, cached_block_pool, result:
+                      _masks_cover_hit(self, block_hashes, max_length, cached_block_pool, result[0], result[1]),
                       "KV-EXT-003: the masks are the groups' load masks at the hit", enabled=ENABLED)
     @icontract.ensure(lambda self, block_hashes, cached_block_pool, result: all(
         spec.is_loadable(tuple(mask), self.chunk_present(block_hashes, cached_block_pool, g, result[1]))
         for g, mask in enumerate(result[0])), "KV-EXT-002: every chunk asked for exists", enabled=ENABLED)
     def find_longest_cache_hit(self, block_hashes: Sequence[bytes], max_length: int,
                                cached_block_pool: ExternalCachedBlockPool) -> tuple[tuple[list[bool], ...], int]:
-        """``(per-group load masks, hit length)``."""
+        """``(per-group load masks, hit length)``: each group's non-null hit entries after its
+        last lookup in the local loop (an EAGLE window of 1 whose last lookup dropped its
+        peek block reads none, KV-EXT-014)."""
         cached = self.existence_flags(block_hashes, cached_block_pool)
         hit = spec.external_hit(self.flat_groups(), cached, max_length,
                                 len(block_hashes) * self.config.hash_block_size, self.alignment)
-        return self.load_mask(block_hashes, hit), hit
+        _, last = self.local_loop(block_hashes, max_length, cached_block_pool)
+        masks = tuple(list(self.group_load_mask(g, hit, last[self._group_of(g)][1])) if self._has_group(g) else []
+                      for g in range(len(self.config.kv_cache_specs)))
+        self._answered[(tuple(bytes(h) for h in block_hashes), hit)] = masks
+        return masks, hit
 
     @icontract.require(lambda self, token_len: token_len >= 0 and token_len % self.alignment == 0,
                        enabled=ENABLED)
     @icontract.ensure(lambda self, token_len, result: all(
         len(mask) * self.config.kv_cache_specs[g].block_size == token_len
-        and (token_len == 0 or mask[-1] or self.flat_groups()[self._group_of(g)][0] == hybrid_spec.CHUNKED_LOCAL)
+        and (token_len == 0 or mask[-1] or _reads_no_block_at_end(self.flat_groups()[self._group_of(g)]))
         for g, mask in enumerate(result) if self._has_group(g)),
         "KV-EXT-004: the masks cover the whole (already pruned) hit", enabled=ENABLED)
     def load_mask(self, block_hashes: Sequence[bytes], token_len: int) -> tuple[list[bool], ...]:
-        """Per-group load masks for a known hit of ``token_len`` tokens (no EAGLE drop)."""
-        del block_hashes  # the masks depend on the length only
+        """Per-group load masks for a known hit of ``token_len`` tokens: those of the lookup
+        that answered it (KV-EXT-003), with no EAGLE drop applied again (KV-EXT-004). For a
+        hit this coordinator did not answer, the masks after a single pass of the loop."""
+        answered = self._answered.get((tuple(bytes(h) for h in block_hashes), token_len))
+        if answered is not None:
+            return tuple(list(mask) for mask in answered)
         return tuple(list(self.group_load_mask(g, token_len)) if self._has_group(g) else []
                      for g in range(len(self.config.kv_cache_specs)))
 

@@ -112,8 +112,9 @@ KV_EXT_003 = rule(
     """At a hit of L tokens (a multiple of the group's block size) the load mask of a group
     has L / block_size entries, False at the group's null entries (KV-HYB-013: none for
     full attention, the skipped head of a sliding window or chunked local hit, all but the
-    last for Mamba) and True elsewhere. load_mask(hashes, L) gives the masks of the lookup
-    that answered L.""",
+    last for Mamba, every entry for an EAGLE sliding window of 1 whose last lookup in the
+    loop checked only the peek block and dropped it) and True elsewhere. load_mask(hashes,
+    L) gives the masks of the lookup that answered L.""",
     source=f"{STORE} MooncakeStoreCoordinator.find_longest_cache_hit / load_mask",
     chapter=CHAPTER,
     judged_by=("external-store",),
@@ -122,9 +123,10 @@ KV_EXT_004 = rule(
     "KV-EXT-004",
     "load_mask never re-applies the EAGLE drop",
     """load_mask(hashes, L) receives the already pruned hit L and covers all of it: each
-    group's mask has L / block_size entries and, for L > 0, its last entry is True (except a
-    chunked local group, whose hit on a chunk boundary reads no block). Dropping
-    the EAGLE block again would leave the hit's last block unloaded (vLLM PR #43516).""",
+    group's mask has L / block_size entries and, for L > 0, its last entry is True (except
+    where the group's hit reads no block: a chunked local hit on a chunk boundary, and an
+    EAGLE sliding window of 1, KV-EXT-003). Dropping the EAGLE block again would leave the
+    hit's last block unloaded (vLLM PR #43516).""",
     source=f"{STORE} MooncakeStoreCoordinator.load_mask (apply_eagle=False)",
     chapter=CHAPTER,
     judged_by=("external-store",),
@@ -253,7 +255,10 @@ KV_EXT_013 = rule(
     HybridKVCacheCoordinator's loop gives it (KV-HYB-007). With a bound below the hashed
     tokens the store's hit is one block shorter than the local hit (example: three full
     attention groups of block 1, EAGLE, a 2-token prompt fully stored, bound 1: the store
-    answers 0, the local coordinator 1). kvoracle keeps KV-EXT-001. (With exactly one
+    answers 0, the local coordinator 1). Where both answer the same hit, the store's masks
+    keep the null entries of its one lookup with the drop, which the local loop's second
+    lookup (without the drop) would not (an EAGLE window of 1, KV-EXT-003). kvoracle keeps
+    KV-EXT-001 and KV-EXT-003. (With exactly one
     KV-cache group the local coordinator is the unitary one, which has no look-ahead
     either.)""",
     source=f"{STORE} MooncakeStoreCoordinator._find_hit_blocks (len(self.attention_groups) == 1 "
@@ -270,12 +275,13 @@ KV_EXT_014 = rule(
     entries of that group are all null and the lookup's mask is all False. load_mask(hashes,
     L), recomputed without the drop, marks the block before L (the scan needs one block,
     KV-SWA-003), which the lookup never checked and the store may not hold (KV-EXT-002).
-    kvoracle states KV-EXT-002 and KV-EXT-003 and does not generate this configuration in
-    the suite; tests/test_external_store_vllm.py shows the engine's answer.""",
+    kvoracle keeps KV-EXT-003: the group loads nothing. The suite charges a load mask that
+    marks exactly the block before L in such a group to this rule.""",
     source=f"{STORE} MooncakeStoreCoordinator.load_mask (apply_eagle=False) and find_longest_cache_hit; "
            f"{STKV} SlidingWindowManager._contiguous_blocks_for_hit",
     chapter=CHAPTER,
     kind="divergence",
+    judged_by=("external-store",),
 )
 
 @icontract.require(lambda eagle_flags: len(eagle_flags) > 0, enabled=ENABLED)
@@ -324,6 +330,13 @@ def chunk_key_index(chunk: int, block_size: int, hash_block_size: int, hit_lengt
     return min((chunk + 1) * block_size, hit_length) // hash_block_size - 1
 
 
+@defines(KV_EXT_014)
+def reads_no_block(kind: str, param: int, eagle: bool) -> bool:
+    """Whether a group's hits read no block at all: an EAGLE sliding window of 1, whose
+    lookup checks only the peek block past the hit and drops it."""
+    return kind == hybrid.SLIDING_WINDOW and param == 1 and eagle
+
+
 @icontract.require(lambda kind, param: kind in hybrid.LOOKUP_KINDS and hybrid._param_ok(kind, param),
                    enabled=ENABLED)
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
@@ -331,19 +344,26 @@ def chunk_key_index(chunk: int, block_size: int, hash_block_size: int, hit_lengt
                    enabled=ENABLED)
 @icontract.ensure(lambda result, hit_length, block_size: len(result) == hit_length // block_size,
                   enabled=ENABLED)
-@icontract.ensure(lambda result, kind: len(result) == 0 or result[-1] or kind == hybrid.CHUNKED_LOCAL,
-                  "KV-EXT-004: the last block is loaded (a chunked local hit on a chunk boundary reads none)",
-                  enabled=ENABLED)
+@icontract.ensure(lambda result, kind, param, eagle:
+                  len(result) == 0 or result[-1] or kind == hybrid.CHUNKED_LOCAL or reads_no_block(kind, param, eagle),
+                  "KV-EXT-004: the last block is loaded (a chunked local hit on a chunk boundary and an EAGLE "
+                  "window of 1 read none)", enabled=ENABLED)
+@icontract.ensure(lambda result, kind, param, eagle: not reads_no_block(kind, param, eagle) or not any(result),
+                  "KV-EXT-014: an EAGLE window of 1 loads nothing", enabled=ENABLED)
 @icontract.ensure(lambda result, kind: kind != hybrid.FULL or all(result), enabled=ENABLED)
 @icontract.ensure(lambda result, kind: kind != hybrid.MAMBA or sum(result) == min(len(result), 1),
                   enabled=ENABLED)
-@defines(KV_EXT_003, KV_EXT_004)
-def load_mask(kind: str, block_size: int, param: int, hit_length: int) -> tuple[bool, ...]:
+@defines(KV_EXT_003, KV_EXT_004, KV_EXT_014)
+def load_mask(kind: str, block_size: int, param: int, hit_length: int, eagle: bool = False) -> tuple[bool, ...]:
     """The chunks a group loads for a hit of ``hit_length`` tokens: its non-null hit entries
-    (KV-HYB-013) at that length, with no EAGLE drop."""
+    (KV-HYB-013) at that length as the group's lookup left them (``eagle``: the group has
+    the local coordinator's EAGLE drop). The drop is not applied again, since the hit is
+    already pruned (KV-EXT-004); only which entries the lookup left null depends on it,
+    and only for a sliding window of 1 (KV-EXT-014)."""
     num_blocks = hit_length // block_size
-    nulls = hybrid.num_null_hit_blocks(kind, num_blocks, hit_length, False, block_size, param)
+    nulls = hybrid.num_null_hit_blocks(kind, num_blocks, hit_length, eagle, block_size, param)
     return tuple(j >= nulls for j in range(num_blocks))
+
 
 
 @icontract.require(lambda mask, present: len(mask) <= len(present), enabled=ENABLED)

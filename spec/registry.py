@@ -56,15 +56,9 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 
 #: The gap list: rules an engine adapter could observe but no suite judges yet, each
 #: with what a suite would need to judge it. Exactly the rules with neither
-#: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that).
-NOT_YET_JUDGED: dict[str, str] = {
-    "KV-EXT-014": "external-store: generate EAGLE with a sliding window of 1 (store_setups turns it into 2 today) "
-                  "and charge the block load_mask adds before the hit to this rule; first the reference must "
-                  "not ask for that block itself: its lookup masks are spec.load_mask at the hit, without the "
-                  "drop, so it asks for the unchecked block too and breaks KV-EXT-002 (its own postcondition "
-                  "fires: (full, 2) + (window 1, block 1), EAGLE, Store(0, 6), LookUp); spec.load_mask and "
-                  "KV-EXT-003/004 would have to give an EAGLE window-1 group no block (the hit's null entries)",
-}
+#: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that). Empty
+#: since KV-EXT-014 became judged: every rule an engine can show is judged by some suite.
+NOT_YET_JUDGED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """Deliberately broken external-store coordinators, one per rule of the external-store chapter
-that moved off the gap list (spec/registry.py): KV-EXT-009, KV-EXT-010 and KV-EXT-013.
+that moved off the gap list (spec/registry.py): KV-EXT-009, KV-EXT-010, KV-EXT-013 and
+KV-EXT-014.
 
 Each is one of vLLM 0.33.0's named differences, built from kvoracle's reference store
 adapter over a coordinator that swaps in one broken piece -- which groups get the EAGLE drop,
@@ -68,6 +69,23 @@ class NoLookAheadForOneSpecGroup(ReferenceExternalStore):
 
     name = "no-look-ahead-for-one-spec-group"
     coordinator_class = _DirectSingleSpecLookup
+
+
+class LoadsWindowOneWithoutTheDrop(ReferenceExternalStore):
+    """KV-EXT-014: the lookup's masks are right (an EAGLE window of 1 reads nothing), but
+    ``load_mask(hashes, L)`` is recomputed as if no group had the EAGLE drop, so such a
+    group is asked for the block before L, which its lookup never checked."""
+
+    name = "loads-window-one-without-the-drop"
+
+    def load_mask(self, block_hashes: Sequence[bytes], token_len: int) -> Masks:
+        coordinator = self.coordinator
+        assert coordinator is not None
+        masks = []
+        for g in range(len(coordinator.config.kv_cache_specs)):
+            kind, size, param, _ = coordinator.flat_groups()[coordinator._group_of(g)]
+            masks.append(spec.load_mask(kind, size, param, token_len))
+        return tuple(masks)
 
 
 class PartialHashHits(ReferenceExternalStore):
@@ -143,6 +161,7 @@ EXPECTED = {
     "StoreDropsMarkedGroups": ("external-store", "KV-EXT-009"),
     "TrimsToShorterHashBoundary": ("external-store", "KV-EXT-010"),
     "NoLookAheadForOneSpecGroup": ("external-store", "KV-EXT-013"),
+    "LoadsWindowOneWithoutTheDrop": ("external-store", "KV-EXT-014"),
 }
 
 #: The engine that passes a broken engine's fixed state (the reference unless named here).

@@ -37,11 +37,13 @@ def test_chunk_key_index_is_the_hash_ending_the_chunk_or_the_hit(hash_size, per,
 
 
 @SETTINGS
-@given(st.sampled_from(hybrid.LOOKUP_KINDS), st.integers(1, 4), st.integers(1, 9), st.integers(0, 8))
-def test_load_mask_is_the_non_null_entries_of_the_hit(kind, size, param, blocks):
-    mask = ext.load_mask(kind, size, param, blocks * size)
-    nulls = hybrid.num_null_hit_blocks(kind, blocks, blocks * size, False, size, param)
+@given(st.sampled_from(hybrid.LOOKUP_KINDS), st.integers(1, 4), st.integers(1, 9), st.integers(0, 8), st.booleans())
+def test_load_mask_is_the_non_null_entries_of_the_hit(kind, size, param, blocks, eagle):
+    mask = ext.load_mask(kind, size, param, blocks * size, eagle)
+    nulls = hybrid.num_null_hit_blocks(kind, blocks, blocks * size, eagle, size, param)
     assert mask == tuple(j >= nulls for j in range(blocks))
+    if not ext.reads_no_block(kind, param, eagle):  # the drop changes the null entries of a window of 1 only
+        assert mask == ext.load_mask(kind, size, param, blocks * size)
     assert ext.is_loadable(mask, tuple(True for _ in mask))
     if any(mask):
         assert not ext.is_loadable(mask, tuple(False for _ in mask))
@@ -95,3 +97,13 @@ def test_kv_ext_012_example():
     groups = (("sliding_window", 1, 1, True), ("sliding_window", 2, 1, True))
     stored = tuple(ext.store_mask(k, s, p, e, 2, 0, 4 // s) for k, s, p, e in groups)
     assert not ext.store_is_sufficient(groups, stored, 4, 2)
+
+
+def test_an_eagle_window_of_one_loads_nothing():
+    # KV-EXT-014: the lookup checked only the peek block past the hit and dropped it; without
+    # the drop the scan would need the block before the hit (KV-SWA-003).
+    assert ext.load_mask(hybrid.SLIDING_WINDOW, 2, 1, 8, eagle=True) == (False,) * 4
+    assert ext.load_mask(hybrid.SLIDING_WINDOW, 2, 1, 8) == (False, False, False, True)
+    assert ext.reads_no_block(hybrid.SLIDING_WINDOW, 1, True)
+    assert not ext.reads_no_block(hybrid.SLIDING_WINDOW, 2, True)
+    assert not ext.reads_no_block(hybrid.SLIDING_WINDOW, 1, False)

@@ -20,7 +20,7 @@ from kvoracle.conformance.harness.verdicts import RuleViolation
 
 #: The rules vLLM 0.33.0 is known to break here: the chapter's named divergences, to which the
 #: suite charges the answers they name (instead of KV-EXT-001, KV-EXT-002, KV-EXT-003, KV-EXT-005).
-KNOWN = {"KV-EXT-009", "KV-EXT-010", "KV-EXT-013"}
+KNOWN = {"KV-EXT-009", "KV-EXT-010", "KV-EXT-013", "KV-EXT-014"}
 
 
 def test_bounded_run_passes_or_names_known_divergences():
@@ -84,3 +84,8 @@ def test_kv_ext_014_window_one_with_eagle_loads_an_unchecked_block():
     assert hit == 4 and not any(masks[1])
     loaded = engine.load_mask(hashes, hit)
     assert loaded[1][-1] and (1, hashes[3]) not in exists  # asks for block 1, which the store lacks
+    with pytest.raises(RuleViolation) as caught:
+        replay("external-store", VllmMooncakeStore,
+               [setup, Put(0, 0, tuple(range(8))), Put(0, 1, (5,)), LookUp(0, 7)])
+    assert caught.value.rule_id == "KV-EXT-014"
+    assert "the block before the hit" in caught.value.message

@@ -1,7 +1,7 @@
 """Meta-tests of the external-store rules that left the gap list: each broken store coordinator
 is charged with its rule.
 
-The external-store suite judges KV-EXT-009, KV-EXT-010 and KV-EXT-013 since they moved off
+The external-store suite judges KV-EXT-009, KV-EXT-010, KV-EXT-013 and KV-EXT-014 since they moved off
 ``NOT_YET_JUDGED`` (spec/registry.py). Each broken engine of tests/broken_store_gap_engines.py
 shows one of them; replayed on a small fixed state it must fail with that rule, where the
 baseline (the reference, or for partial hash hits the reference adapter extended with them)
@@ -49,10 +49,18 @@ STATES = {
     "NoLookAheadForOneSpecGroup": [
         StoreSetup(((FULL, 1, 0),) * 3, 1, True, (F, F, F), ((2, 3),)),
         Store(0, 2), LookUp(0, None)],
+    # Full attention and a window of 1 (block 2), EAGLE: every full-attention block stored, the
+    # window group only its block 2. Bound 7: the full group holds 6 tokens; the window group
+    # checks its peek block 2 and drops it, hit 4, reading no window block. The broken
+    # load_mask asks for the window group's block 1, which the store lacks.
+    "LoadsWindowOneWithoutTheDrop": [
+        StoreSetup(((FULL, 1, 0), (SWA, 2, 1)), 1, True, (F, F), ((0,) * 8,)),
+        Put(0, 0, tuple(range(8))), Put(0, 1, (5,)), LookUp(0, 7)],
 }
 
 #: The broken engines the generated suite must convict within one round of 150 examples.
-GENERATED = ["StoreDropsMarkedGroups", "TrimsToShorterHashBoundary", "NoLookAheadForOneSpecGroup"]
+GENERATED = ["StoreDropsMarkedGroups", "TrimsToShorterHashBoundary", "NoLookAheadForOneSpecGroup",
+             "LoadsWindowOneWithoutTheDrop"]
 
 
 def _baseline(engine: str):
@@ -61,7 +69,7 @@ def _baseline(engine: str):
 
 def test_every_rule_off_the_gap_list_has_a_broken_engine() -> None:
     rules = {rule_id for _, rule_id in broken_store_gap_engines.EXPECTED.values()}
-    assert rules == {"KV-EXT-009", "KV-EXT-010", "KV-EXT-013"}
+    assert rules == {"KV-EXT-009", "KV-EXT-010", "KV-EXT-013", "KV-EXT-014"}
     for engine, (suite, rule_id) in broken_store_gap_engines.EXPECTED.items():
         assert rule_id not in NOT_YET_JUDGED, rule_id
         assert suite in get_rule(rule_id).judged_by, (engine, rule_id)
