@@ -166,8 +166,9 @@ def _work(args: argparse.Namespace, options, expectations) -> int:
     try:
         result = run_suites(args.engine, args.worker_suites.split(","), options, progress=_say,
                             expectations=expectations, explicit=args.suite is not None, trail=trail,
-                            checkpoint=Checkpoints(directory))
-        summary = {"unsupported": result.unsupported, "incomplete": result.incomplete}
+                            checkpoint=Checkpoints(directory), fresh_after_hang=True)
+        summary = {"unsupported": result.unsupported, "incomplete": result.incomplete,
+                   "handed_on": result.handed_on}
     except (EngineLoadError, ExpectationsError) as error:
         print(f"error: {error}", file=sys.stderr)
         summary = {"usage_error": str(error)}

@@ -408,11 +408,14 @@ class HybridDriver(Driver):
         got = self.call("lookup", prompt, step.max_cache_hit_length)
         want = self.model.lookup(prompt, step.max_cache_hit_length)
         spec_in = self._judge(prompt, step, got, want)
-        # The optional observations, once the lookup itself passed (KV-HYB-008, KV-HYB-011).
-        if self.verdicts.applicable("KV-HYB-008"):
-            self._judge_uncached(spec_in, got)
+        # The optional observations, once the lookup itself passed (KV-HYB-011, KV-HYB-008). The
+        # per-group lookups first: they show each group's finder directly, so a finder's own
+        # error is charged to its kind's rule there, not to the uncached count it skews (the
+        # longest candidate of a loop whose final hit still came out right).
         if self.verdicts.applicable("KV-HYB-011") and len(self.setup.groups) > 1:
             self._judge_per_group(prompt, step, spec_in)
+        if self.verdicts.applicable("KV-HYB-008"):
+            self._judge_uncached(spec_in, got)
 
     def _judge(self, prompt: Sequence[int], step: LookUp, got: Lookup, want: Lookup) -> _SpecInputs:
         check = self.verdicts.check

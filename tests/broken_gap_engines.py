@@ -14,6 +14,8 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
+from broken_loop import broken_fixed_point
+
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 from kvoracle.reference import KVCacheManager
@@ -27,9 +29,9 @@ from kvoracle.spec import mamba, sliding_window
 class _GapCoordinator(HybridCoordinator):
     """The reference coordinator, unchecked, with the pieces a broken variant replaces.
 
-    ``fixed_point`` is a copy of the spec's loop (:func:`kvoracle.spec.hybrid.fixed_point`)
-    that asks :meth:`finder` for each group's answer and stops after one pass where
-    :attr:`one_pass` and KV-HYB-005 say so; :meth:`null_entries` says how many of a group's
+    ``fixed_point`` is the spec's loop (tests/broken_loop.py's copy) asking :meth:`finder`
+    for each group's answer and stopping after one pass where :attr:`one_pass` and KV-HYB-005
+    say so; :meth:`null_entries` says how many of a group's
     hit entries are the null block.
     """
 
@@ -44,39 +46,8 @@ class _GapCoordinator(HybridCoordinator):
         return spec.num_null_hit_blocks(kind, num_blocks, bound, drop, size, param)
 
     def fixed_point(self, groups, cached, max_cache_hit_length, num_hashed_tokens, alignment):
-        order = spec.lookup_order(tuple(kind for kind, _, _, _ in groups))
-        simple = self.one_pass and spec.single_pass(tuple(kind for kind, _, _, _ in groups))
-        hit_length = max_cache_hit_length
-        looked_up = [False] * len(groups)
-        group_length = [0] * len(groups)
-        last_lookup = [(0, False)] * len(groups)
-        verified: set[int] = set()
-        while True:
-            candidate = hit_length
-            for g in order:
-                kind, size, param, eagle = groups[g]
-                if kind == spec.FULL and looked_up[g]:
-                    candidate = min(candidate, group_length[g])
-                    continue
-                drop = eagle and g not in verified
-                bound = candidate
-                if drop and spec.eagle_margin(kind, size):
-                    bound = min(candidate + spec.eagle_margin(kind, size), num_hashed_tokens)
-                answer = self.finder(kind, cached[g], bound, size, param, drop, alignment)
-                last_lookup[g] = (bound, drop)
-                if drop:
-                    verified.add(g)
-                elif answer < candidate:
-                    verified.clear()
-                candidate = answer
-                looked_up[g] = True
-                group_length[g] = answer
-            if candidate >= hit_length:
-                break
-            hit_length = candidate
-            if simple:
-                break
-        return hit_length, tuple(group_length), 0, 0, tuple(last_lookup)
+        return broken_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, alignment,
+                                  finder=self.finder, one_pass=self.one_pass)
 
     def _hit_blocks(self, block_hashes: Sequence[bytes], flat: tuple[spec.SpecGroup, ...],
                     entries: Sequence[tuple[int, int, bool]]) -> tuple[list[KVCacheBlock], ...]:

@@ -2,8 +2,9 @@
 
 The meta-tests (tests/test_hybrid_meta.py) replay each on a cache state where its bug
 shows and require the named rule to fail. Each is the reference adapter whose
-coordinator swaps in one broken piece -- its ``fixed_point`` loop (a patched copy of
-:func:`kvoracle.spec.hybrid.fixed_point`) or its ``num_hit_blocks`` trim -- and drops
+coordinator swaps in one broken piece -- its ``fixed_point`` loop (tests/broken_loop.py's
+copy of :func:`kvoracle.spec.hybrid.fixed_point` with one bug switched on) or its
+``num_hit_blocks`` trim -- and drops
 the reference's own postconditions, so that the suite's checks, not the reference's
 contracts, must catch it.
 """
@@ -13,51 +14,11 @@ from __future__ import annotations
 import inspect
 from functools import partial
 
+from broken_loop import broken_fixed_point
+
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 from kvoracle.reference.hybrid import HybridCoordinator
 from kvoracle.spec import hybrid as spec
-
-
-def patched_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, alignment, *,
-                        drop_every_pass=False, mamba_margin=False):
-    """A copy of vLLM 0.33.0's loop (the spec's ``fixed_point``) with one bug switched on.
-
-    ``drop_every_pass``: an EAGLE group drops its peek block on every pass, as before the
-    fix of vLLM #32802 (the hit spirals down). ``mamba_margin``: a Mamba group is looked up
-    one block past the candidate like the other EAGLE groups (#43559).
-    """
-    order = spec.lookup_order(tuple(kind for kind, _, _, _ in groups))
-    simple = len(groups) == 2 and groups[order[0]][0] == spec.FULL
-    hit_length = max_cache_hit_length
-    looked_up = [False] * len(groups)
-    group_length = [0] * len(groups)
-    last_lookup = [(0, False)] * len(groups)
-    verified: set[int] = set()
-    while True:
-        candidate = hit_length
-        for g in order:
-            kind, size, param, eagle = groups[g]
-            if kind == spec.FULL and looked_up[g]:
-                candidate = min(candidate, group_length[g])
-                continue
-            drop = eagle and (drop_every_pass or g not in verified)
-            margin = size if (mamba_margin or kind != spec.MAMBA) else 0
-            bound = min(candidate + margin, num_hashed_tokens) if drop else candidate
-            answer = spec.group_hit_length(kind, cached[g], bound, size, param, drop, alignment)
-            last_lookup[g] = (bound, drop)
-            if drop:
-                verified.add(g)
-            elif answer < candidate:
-                verified.clear()
-            candidate = answer
-            looked_up[g] = True
-            group_length[g] = answer
-        if candidate >= hit_length:
-            break
-        hit_length = candidate
-        if simple:
-            break
-    return hit_length, tuple(group_length), 0, 0, tuple(last_lookup)
 
 
 class _Unchecked(HybridCoordinator):
@@ -72,7 +33,7 @@ class _Unchecked(HybridCoordinator):
 
 # -- (i) the EAGLE drop on every pass (vLLM #32802) ------------------------------------------------
 class _DropEveryPass(_Unchecked):
-    fixed_point = staticmethod(partial(patched_fixed_point, drop_every_pass=True))
+    fixed_point = staticmethod(partial(broken_fixed_point, drop_every_pass=True))
 
 
 class EagleDropEveryPass(ReferenceHybridLookup):
@@ -97,7 +58,7 @@ class TrimFirstFullOnly(ReferenceHybridLookup):
 
 # -- (iii) a Mamba group gets the EAGLE margin (#43559) ---------------------------------------------
 class _MambaMargin(_Unchecked):
-    fixed_point = staticmethod(partial(patched_fixed_point, mamba_margin=True))
+    fixed_point = staticmethod(partial(broken_fixed_point, mamba_margin=True))
 
 
 class MambaEagleMargin(ReferenceHybridLookup):

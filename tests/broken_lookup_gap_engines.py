@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from functools import partial
+
+from broken_loop import broken_fixed_point
 
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 from kvoracle.reference.block import KVCacheBlock
@@ -28,44 +31,7 @@ class _LongestAtPassEnd(HybridCoordinator):
 
     find_longest_cache_hit = inspect.unwrap(HybridCoordinator.find_longest_cache_hit)
 
-    @staticmethod
-    def fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, alignment):
-        hit, lengths, _, lookups, last = spec.fixed_point(groups, cached, max_cache_hit_length,
-                                                          num_hashed_tokens, alignment)
-        # Replay the passes: the candidate at the end of each is the loop's state after it.
-        order = spec.lookup_order(tuple(kind for kind, _, _, _ in groups))
-        simple = spec.single_pass(tuple(kind for kind, _, _, _ in groups))
-        hit_length, longest = max_cache_hit_length, 0
-        looked_up = [False] * len(groups)
-        group_length = [0] * len(groups)
-        verified: set[int] = set()
-        while True:
-            candidate = hit_length
-            for g in order:
-                kind, size, param, eagle = groups[g]
-                if kind == spec.FULL and looked_up[g]:
-                    candidate = min(candidate, group_length[g])
-                    continue
-                drop = eagle and g not in verified
-                bound = candidate
-                if drop and spec.eagle_margin(kind, size):
-                    bound = min(candidate + spec.eagle_margin(kind, size), num_hashed_tokens)
-                answer = spec.group_hit_length(kind, cached[g], bound, size, param, drop, alignment)
-                if drop:
-                    verified.add(g)
-                elif answer < candidate:
-                    verified.clear()
-                candidate = answer
-                looked_up[g] = True
-                group_length[g] = answer
-            longest = max(longest, candidate)  # the bug: once per pass
-            if candidate >= hit_length:
-                break
-            hit_length = candidate
-            if simple:
-                break
-        assert hit_length == hit  # the same loop: only the longest candidate differs
-        return hit, lengths, longest - hit, lookups, last
+    fixed_point = staticmethod(partial(broken_fixed_point, longest_per_pass=True))
 
 
 class UncachedLongestAtPassEnd(ReferenceHybridLookup):

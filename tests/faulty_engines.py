@@ -14,7 +14,7 @@ import time
 import attrs
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
-from kvoracle.conformance.external_store import ReferenceExternalStore
+from kvoracle.conformance.external_store import ReferenceExternalStore, StoreSetup
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 
 
@@ -91,6 +91,45 @@ class HangsInStoreMask(ReferenceExternalStore):
     def store_mask(self, aligned_len, start_token=0):
         time.sleep(3600)
         return super().store_mask(aligned_len, start_token)
+
+
+class SpinsInStoreMask:
+    """An adapter for two suites, external-store and hybrid: its ``store_mask`` never answers
+    and holds the GIL (a pure-Python loop); its hybrid lookups are the reference's. Its
+    version names its process, so a report shows which process ran each suite."""
+
+    name = "faulty-store-spin"
+
+    def __init__(self) -> None:
+        self.store = ReferenceExternalStore()
+        self.hybrid = ReferenceHybridLookup()
+        self.current: ReferenceExternalStore | ReferenceHybridLookup = self.store
+
+    def version(self) -> str:
+        return f"pid {os.getpid()}"
+
+    def configure(self, setup) -> None:
+        self.current = self.store if isinstance(setup, StoreSetup) else self.hybrid
+        self.current.configure(setup)
+
+    def lookup(self, *args):
+        return self.current.lookup(*args)
+
+    def seed_cache(self, *args) -> None:
+        self.hybrid.seed_cache(*args)
+
+    def load_mask(self, *args):
+        return self.store.load_mask(*args)
+
+    def lookup_mask(self, *args):
+        return self.store.lookup_mask(*args)
+
+    def local_hit(self, *args):
+        return self.store.local_hit(*args)
+
+    def store_mask(self, *args):
+        while True:
+            pass
 
 
 class HybridOnly(ReferenceHybridLookup):

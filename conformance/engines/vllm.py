@@ -49,21 +49,27 @@ INSTALL_HINT = ("install vLLM 0.33.x (CPU torch) into a virtual environment with
 _VLLM: SimpleNamespace | None = None
 
 
+def installed_vllm(engine: str) -> str:
+    """Import vllm and return its version, or refuse with an :class:`EngineLoadError` naming
+    ``engine`` (the adapter being built) when it is missing or of another release line."""
+    try:
+        import vllm
+    except ImportError as error:
+        raise EngineLoadError(f"engine {engine}: cannot import vllm ({error}); {INSTALL_HINT}") from error
+    version = str(getattr(vllm, "__version__", "unknown"))
+    if version.split("+")[0].split(".")[:2] != SUPPORTED_VERSION.split("."):
+        raise EngineLoadError(
+            f"engine {engine}: installed vllm is {version}, but this adapter supports vLLM "
+            f"{SUPPORTED_VERSION}.x only; {INSTALL_HINT}")
+    return version
+
+
 def _load_vllm() -> SimpleNamespace:
     """Import the parts of vLLM the adapter needs, once; refuse unsupported versions."""
     global _VLLM
     if _VLLM is not None:
         return _VLLM
-    try:
-        import vllm
-    except ImportError as error:
-        raise EngineLoadError(f"engine 'vllm': cannot import vllm ({error}); {INSTALL_HINT}"
-                              ) from error
-    version = str(getattr(vllm, "__version__", "unknown"))
-    if version.split("+")[0].split(".")[:2] != SUPPORTED_VERSION.split("."):
-        raise EngineLoadError(
-            f"engine 'vllm': installed vllm is {version}, but this adapter supports vLLM "
-            f"{SUPPORTED_VERSION}.x only; {INSTALL_HINT}")
+    version = installed_vllm("'vllm'")
     try:
         import torch
         from vllm.sampling_params import SamplingParams

@@ -24,7 +24,7 @@ from typing import Any
 from kvoracle.spec import hybrid as hybrid_spec
 
 from . import EngineLoadError
-from .vllm import INSTALL_HINT, SUPPORTED_VERSION
+from .vllm import INSTALL_HINT, installed_vllm
 
 _VLLM: SimpleNamespace | None = None
 
@@ -34,16 +34,7 @@ def _load_vllm() -> SimpleNamespace:
     global _VLLM
     if _VLLM is not None:
         return _VLLM
-    try:
-        import vllm
-    except ImportError as error:
-        raise EngineLoadError(f"engine 'vllm' (external store): cannot import vllm ({error}); "
-                              f"{INSTALL_HINT}") from error
-    version = str(getattr(vllm, "__version__", "unknown"))
-    if version.split("+")[0].split(".")[:2] != SUPPORTED_VERSION.split("."):
-        raise EngineLoadError(
-            f"engine 'vllm' (external store): installed vllm is {version}, but this adapter supports "
-            f"vLLM {SUPPORTED_VERSION}.x only; {INSTALL_HINT}")
+    version = installed_vllm("'vllm' (external store)")
     try:
         import torch
         from vllm.distributed.kv_transfer.kv_connector.v1.mooncake.store import coordinator

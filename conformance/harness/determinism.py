@@ -12,17 +12,29 @@ answers only. While a suite runs, :func:`independent_of_imports` hands Hypothesi
 empty pool of local constants (its own fixed global constants still apply).
 
 Where Hypothesis has no such pool (older releases), there is nothing to pin.
+
+Nor may the examples depend on how fast the machine is. Once a round has found a bug,
+Hypothesis goes on looking for others for at most ten seconds of wall time (then by a
+count of test calls): on a machine busy with other work it ran fewer examples in those
+ten seconds, found other bugs or none, and a seed's checks and verdicts changed with
+the load. :func:`independent_of_time` stops the clock Hypothesis reads for that, so
+only the call count decides. (Shrinking keeps its own five-minute safety limit.)
 """
 
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Iterator
 
 try:  # Hypothesis internals: absent before 6.131, and free to move
     from hypothesis.internal.conjecture import providers as _providers
 except ImportError:  # pragma: no cover - depends on the installed Hypothesis
     _providers = None  # type: ignore[assignment]
+try:
+    from hypothesis.internal.conjecture import engine as _engine
+except ImportError:  # pragma: no cover
+    _engine = None  # type: ignore[assignment]
 
 
 def pins_local_constants() -> bool:
@@ -46,3 +58,35 @@ def independent_of_imports() -> Iterator[None]:
     finally:
         _providers._get_local_constants = original
         _providers.CONSTANTS_CACHE.cache.clear()
+
+
+class _StoppedMonotonicClock:
+    """The ``time`` module as Hypothesis' engine sees it in a run: ``monotonic`` stands still,
+    everything else (``perf_counter`` for its statistics and shrink limit) is the real one."""
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(time, name)
+
+    @staticmethod
+    def monotonic() -> float:
+        return 0.0
+
+
+def stops_the_search_clock() -> bool:
+    """Whether this Hypothesis's engine reads a ``time`` module that runs can stop (its clock
+    for the post-bug search limit)."""
+    return _engine is not None and hasattr(_engine, "time")
+
+
+@contextlib.contextmanager
+def independent_of_time() -> Iterator[None]:
+    """Within the block, Hypothesis' search after a bug ends by its call count, not by wall time."""
+    if not stops_the_search_clock():
+        yield
+        return
+    running = _engine.time
+    _engine.time = _StoppedMonotonicClock()  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        _engine.time = running  # type: ignore[assignment]

@@ -28,7 +28,7 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from .calls import CLOCKS, EngineCaller, EngineError, Trail
-from .determinism import independent_of_imports
+from .determinism import independent_of_imports, independent_of_time
 from .engines import EngineLoadError, engine_factory, engine_spec_of
 from .machine import bind_machine
 from .replay import write_replay
@@ -97,6 +97,9 @@ class RunResult:
     incomplete: str | None = None
     #: The alias the run was asked for by, when it ran a part of ``suite`` (else "").
     part: str = ""
+    #: Engine operations whose calls never answered: their threads were abandoned and may
+    #: still be running (a pure-Python loop holds the GIL of this process for good).
+    abandoned: tuple[str, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -186,6 +189,7 @@ def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None
                            _version(probe), spec, options, verdicts, part=suite.alias)
         note(result)
         _rounds(result, suite, factory, probe, caller, say, note)
+        result.abandoned = tuple(sorted(caller.quarantine.hung))
     finally:
         caller.close()
     if options.replay_dir is not None:
@@ -239,7 +243,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             recorded_before = set(verdicts.suppressed)
             seen_before = set(verdicts.first_seen)
             try:
-                with independent_of_imports():
+                with independent_of_imports(), independent_of_time():
                     test()
             except (HypothesisException, Exception) as error:
                 if not _record_round_failures(error, verdicts, seen_before, result, say):
@@ -306,6 +310,9 @@ class CheckResult:
     #: Suites asked for that the engine has no adapter for, with the reason.
     unsupported: dict[str, str] = attrs.Factory(dict)
     incomplete: str | None = None
+    #: Suites not run here because an engine call of an earlier suite never answered and may
+    #: still be running in this process: a fresh process should run them (``fresh_after_hang``).
+    handed_on: list[str] = attrs.Factory(list)
 
     @property
     def ok(self) -> bool:
@@ -316,13 +323,16 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
                progress: Callable[[str], None] | None = None,
                expectations: Callable[[SuiteDef, Any], dict[str, str] | None] | None = None,
                explicit: bool = False, trail: Trail | None = None,
-               checkpoint: Checkpoint | None = None) -> CheckResult:
+               checkpoint: Checkpoint | None = None, fresh_after_hang: bool = False) -> CheckResult:
     """Run each of ``suites`` the engine has an adapter for.
 
     ``expectations(suite, probe)`` gives a suite's expected failures. With ``explicit``
     (the user named the suites) a suite the engine cannot run in is an error
     (:class:`SuiteLoadError`); otherwise it is skipped and listed in ``unsupported``, and
-    only an engine that supports none of them is an error.
+    only an engine that supports none of them is an error. With ``fresh_after_hang`` (the
+    supervised worker) the suites after one whose engine call never answered are not run
+    here but listed in ``handed_on``: the abandoned call may still hold this process's CPU
+    and GIL, and would slow every later engine call.
     """
     say = progress or (lambda message: None)
     check = CheckResult(engine if isinstance(engine, str) else engine_spec_of(engine), options)
@@ -342,10 +352,13 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
         plans.append((suite, expectations(suite, probe) if expectations else None))
     if not plans:
         raise SuiteLoadError("no suite can run this engine:\n  " + "\n  ".join(check.unsupported.values()))
-    for suite, expected in plans:
+    for index, (suite, expected) in enumerate(plans):
         result = run_suite(engine, options, say, expected, suite, trail, checkpoint)
         check.runs.append(result)
         if result.incomplete is not None:
             check.incomplete = f"{suite.name}: {result.incomplete}"
+            break
+        if fresh_after_hang and result.abandoned and index + 1 < len(plans):
+            check.handed_on = [later.name for later, _ in plans[index + 1:]]
             break
     return check

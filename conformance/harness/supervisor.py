@@ -10,7 +10,9 @@ engine's extension, ``os.abort``, the out-of-memory killer), the supervisor char
 the death to the rule of the step that was running, with that example's steps (not
 shrunk: every replay could kill its process again) and a replay file that runs them
 in a child process of its own; it keeps the verdicts so far, marks the run
-incomplete, and starts a new worker for the suites still to run.
+incomplete, and starts a new worker for the suites still to run. A worker also hands
+the suites still to run to a new worker after a suite in which an engine call never
+answered: the abandoned call may still be running, and would slow every later call.
 """
 
 from __future__ import annotations
@@ -193,6 +195,10 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
                 _keep_current(result, directory, remaining)
                 return result
             summary.unlink()
+            if data.get("handed_on") and remaining and returncode == 0:
+                say(f"starting a fresh engine process for {', '.join(remaining)}: an engine call that never "
+                    f"answered may still be running in the last one")
+                continue
         if not remaining or returncode == 0:
             break
         crashed = remaining.pop(0)
