@@ -473,23 +473,15 @@ class StoreDriver(Driver):
             at_hit = self._hit_masks(last_local, hit)
             reads_none = tuple(spec.reads_no_block(kind, param, last_local[model._group_of(g)][1])
                                for g, (kind, _, param) in enumerate(setup.groups))
+            loop_inputs = (cached, bound, hashed, hit, masks, at_hit, detail)
             if store_flat != flat and hit % alignment == 0:
-                alt, last = _store_loop(store_flat, cached, bound, hashed, alignment)
-                dropped = self._hit_masks(last, hit) if alt == hit else at_hit
-                if dropped != at_hit:
-                    check("KV-EXT-009", masks != dropped,
-                          lambda: f"hit {hit}: load masks {_fmt(masks)}, the null entries of lookups with the "
-                                  f"EAGLE drop in the marked groups {list(setup.eagle_groups)} although EAGLE is "
-                                  f"off; the groups' load masks at {hit} are {_fmt(at_hit)}; {detail}")
+                self._judge_store_loop_masks("KV-EXT-009", store_flat, *loop_inputs, what=(
+                    f"the null entries of lookups with the EAGLE drop in the marked groups "
+                    f"{list(setup.eagle_groups)} although EAGLE is off"))
             elif len(flat) == 1 and len(setup.groups) > 1 and flat[0][3] and hit % alignment == 0:
-                alt, last = _store_loop(flat, cached, bound, hashed, alignment)
-                direct = self._hit_masks(last, hit) if alt == hit else at_hit
-                if direct != at_hit:
-                    check("KV-EXT-013", masks != direct,
-                          lambda: f"hit {hit}: load masks {_fmt(masks)}, the null entries of the spec group's own "
-                                  f"lookup at the bound (with the EAGLE drop, without the look-ahead); the local "
-                                  f"loop's last lookup leaves {_fmt(at_hit)}; spec group {flat[0]} of "
-                                  f"{len(setup.groups)} KV-cache groups; {detail}")
+                self._judge_store_loop_masks("KV-EXT-013", flat, *loop_inputs, what=(
+                    f"the null entries of the spec group's own lookup at the bound (with the EAGLE drop, "
+                    f"without the look-ahead), spec group {flat[0]} of {len(setup.groups)} KV-cache groups"))
             check("KV-EXT-003", hit % alignment != 0 or masks == at_hit,
                   lambda: f"hit {hit}: load masks {_fmt(masks)}; the groups' load masks at {hit} are "
                           f"{_fmt(at_hit)}; {detail}")
@@ -512,6 +504,20 @@ class StoreDriver(Driver):
         check("KV-EXT-003", loaded == masks,
               lambda: f"load_mask(hashes, {hit}) is {_fmt(loaded)}, the lookup's masks {_fmt(masks)}; {detail}")
 
+
+    def _judge_store_loop_masks(self, rule_id: str, groups: tuple[hybrid_spec.SpecGroup, ...],
+                                cached: tuple[tuple[bool, ...], ...], bound: int, hashed: int, hit: int,
+                                masks: Masks, at_hit: Masks, detail: str, what: str) -> None:
+        """A named difference in the lookup's masks: where vLLM 0.33.0's store loop over
+        ``groups`` answers the same hit, its last lookups leave other null entries than the
+        local loop's, and the engine's masks are exactly those (KV-EXT-009, KV-EXT-013)."""
+        assert self.model is not None
+        alt, last = _store_loop(groups, cached, bound, hashed, self.model.alignment)
+        other = self._hit_masks(last, hit) if alt == hit else at_hit
+        if other != at_hit:
+            self.verdicts.check(rule_id, masks != other, lambda: (
+                f"hit {hit}: load masks {_fmt(masks)}, {what}; the local loop's last lookups leave "
+                f"{_fmt(at_hit)}; {detail}"))
 
     def _judge_window_one_loads(self, loaded: Masks, hit: int, reads_none: tuple[bool, ...], detail: str) -> None:
         """KV-EXT-014: an EAGLE window of 1 whose last lookup dropped its peek block (its hit
