@@ -168,6 +168,7 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
     result = CheckResult(engine, options)
     remaining = list(suites)
     while remaining:
+        asked = len(remaining)
         # The worker stays in this process group and session: Ctrl-C reaches it from the terminal,
         # and it keeps the user's scheduling (a session of its own would escape `nice`).
         process = subprocess.Popen([*command, "--worker-suites", ",".join(remaining)])
@@ -195,7 +196,7 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
                 _keep_current(result, directory, remaining)
                 return result
             summary.unlink()
-            if data.get("handed_on") and remaining and returncode == 0:
+            if data.get("handed_on") and 0 < len(remaining) < asked and returncode == 0:
                 say(f"starting a fresh engine process for {', '.join(remaining)}: an engine call that never "
                     f"answered may still be running in the last one")
                 continue
