@@ -13,12 +13,13 @@ empty pool of local constants (its own fixed global constants still apply).
 
 Where Hypothesis has no such pool (older releases), there is nothing to pin.
 
-Nor may the examples depend on how fast the machine is. Once a round has found a bug,
-Hypothesis goes on looking for others for at most ten seconds of wall time (then by a
-count of test calls): on a machine busy with other work it ran fewer examples in those
-ten seconds, found other bugs or none, and a seed's checks and verdicts changed with
-the load. :func:`independent_of_time` stops the clock Hypothesis reads for that, so
-only the call count decides. (Shrinking keeps its own five-minute safety limit.)
+Nor may the examples depend on how fast the machine is. Hypothesis' engine reads two
+clocks: once a round has found a bug it goes on looking for others for at most ten
+seconds of wall time, and it stops shrinking after five minutes. On a machine busy
+with other work a round ran fewer examples in those ten seconds (it found other bugs,
+or none), and a slow shrink was cut short (another counterexample). Both limits also
+stop by counts of test calls and of shrinks, so :func:`independent_of_time` stops the
+engine's clocks while a suite runs, and only those counts decide.
 """
 
 from __future__ import annotations
@@ -60,9 +61,10 @@ def independent_of_imports() -> Iterator[None]:
         _providers.CONSTANTS_CACHE.cache.clear()
 
 
-class _StoppedMonotonicClock:
-    """The ``time`` module as Hypothesis' engine sees it in a run: ``monotonic`` stands still,
-    everything else (``perf_counter`` for its statistics and shrink limit) is the real one."""
+class _StoppedClock:
+    """The ``time`` module as Hypothesis' engine sees it in a run: ``monotonic`` (the search
+    after a bug) and ``perf_counter`` (the shrink limit, and its phase statistics, which
+    kvoracle does not read) stand still; anything else is the real module's."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(time, name)
@@ -71,21 +73,26 @@ class _StoppedMonotonicClock:
     def monotonic() -> float:
         return 0.0
 
+    @staticmethod
+    def perf_counter() -> float:
+        return 0.0
+
 
 def stops_the_search_clock() -> bool:
-    """Whether this Hypothesis's engine reads a ``time`` module that runs can stop (its clock
-    for the post-bug search limit)."""
+    """Whether this Hypothesis's engine reads a ``time`` module that runs can stop (its clocks
+    for the post-bug search and the shrink limit)."""
     return _engine is not None and hasattr(_engine, "time")
 
 
 @contextlib.contextmanager
 def independent_of_time() -> Iterator[None]:
-    """Within the block, Hypothesis' search after a bug ends by its call count, not by wall time."""
+    """Within the block, Hypothesis' search after a bug and its shrinking end by their counts of
+    calls and shrinks, not by wall time."""
     if not stops_the_search_clock():
         yield
         return
     running = _engine.time
-    _engine.time = _StoppedMonotonicClock()  # type: ignore[assignment]
+    _engine.time = _StoppedClock()  # type: ignore[assignment]
     try:
         yield
     finally:
