@@ -266,6 +266,11 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
     flaggable = [kind != hybrid_spec.CHUNKED_LOCAL for kind, _, _ in hybrid.groups]
     marks = draw(st.sampled_from(["none", "some", "some"]), label="eagle marks")
     flags = tuple(ok and marks == "some" and draw(st.booleans(), label="eagle group") for ok in flaggable)
+    if marks == "some" and not any(flags) and any(flaggable):
+        # "Some" marks at least one group: with EAGLE off only a marked group can show the
+        # store's drop (KV-EXT-009).
+        first = flaggable.index(True)
+        flags = tuple(g == first for g in range(len(flags)))
     return StoreSetup(hybrid.groups, hybrid.hash_block_size, hybrid.use_eagle, flags, hybrid.prompts)
 
 
