@@ -459,8 +459,8 @@ class _BusyClock:
 def test_a_round_searches_as_long_after_a_bug_however_busy_the_machine(monkeypatch: pytest.MonkeyPatch) -> None:
     """After a round's first bug Hypothesis searched on for ten seconds of wall time, and it
     shrank for at most five minutes: a busy machine ran fewer examples, and the same seed gave
-    other checks (it could find other bugs, or shrink less). Runs stop those clocks: the
-    search and the shrinking end by counts of calls and shrinks."""
+    other checks (it could find other bugs, or shrink less). Runs stop the first clock (the
+    search ends by a count of calls) and count CPU time for the second."""
     import broken_hybrid_engines
     from hypothesis.internal.conjecture import engine as hypothesis_engine
 

@@ -17,9 +17,11 @@ Nor may the examples depend on how fast the machine is. Hypothesis' engine reads
 clocks: once a round has found a bug it goes on looking for others for at most ten
 seconds of wall time, and it stops shrinking after five minutes. On a machine busy
 with other work a round ran fewer examples in those ten seconds (it found other bugs,
-or none), and a slow shrink was cut short (another counterexample). Both limits also
-stop by counts of test calls and of shrinks, so :func:`independent_of_time` stops the
-engine's clocks while a suite runs, and only those counts decide.
+or none), and a slow shrink was cut short (another counterexample). While a suite runs,
+:func:`independent_of_time` stops the first clock -- the search then ends by Hypothesis's
+count of test calls -- and turns the second into this process's CPU time, which other
+work on the machine does not use up. (The shrink limit stays a limit in time: only it
+bounds the shrinker's unsuccessful attempts.)
 """
 
 from __future__ import annotations
@@ -61,10 +63,10 @@ def independent_of_imports() -> Iterator[None]:
         _providers.CONSTANTS_CACHE.cache.clear()
 
 
-class _StoppedClock:
+class _LoadFreeClocks:
     """The ``time`` module as Hypothesis' engine sees it in a run: ``monotonic`` (the search
-    after a bug) and ``perf_counter`` (the shrink limit, and its phase statistics, which
-    kvoracle does not read) stand still; anything else is the real module's."""
+    after a bug) stands still; ``perf_counter`` (the shrink limit, and phase statistics that
+    kvoracle does not read) is this process's CPU time; anything else is the real module's."""
 
     def __getattr__(self, name: str) -> object:
         return getattr(time, name)
@@ -73,9 +75,7 @@ class _StoppedClock:
     def monotonic() -> float:
         return 0.0
 
-    @staticmethod
-    def perf_counter() -> float:
-        return 0.0
+    perf_counter = staticmethod(time.process_time)
 
 
 def stops_the_search_clock() -> bool:
@@ -86,13 +86,13 @@ def stops_the_search_clock() -> bool:
 
 @contextlib.contextmanager
 def independent_of_time() -> Iterator[None]:
-    """Within the block, Hypothesis' search after a bug and its shrinking end by their counts of
-    calls and shrinks, not by wall time."""
+    """Within the block, Hypothesis' search after a bug ends by its count of calls, and its
+    shrink limit counts this process's CPU time, not wall time."""
     if not stops_the_search_clock():
         yield
         return
     running = _engine.time
-    _engine.time = _StoppedClock()  # type: ignore[assignment]
+    _engine.time = _LoadFreeClocks()  # type: ignore[assignment]
     try:
         yield
     finally:
