@@ -110,11 +110,20 @@ class PartialHashHits(ReferenceExternalStore):
                ) -> tuple[Masks, int]:
         if not self.setup.partial:
             return super().lookup(block_hashes, max_length, exists)
-        unit = self.setup.hash_block_size
-        top = min(max_length, len(block_hashes) * unit) // unit * unit
-        hit = next((length for length in range(top, 0, -unit)
-                    if self._loadable(block_hashes, length, exists)), 0)
+        hit = self._longest(block_hashes, self._top(block_hashes, max_length), exists)
         return self.load_mask(block_hashes, hit), hit
+
+    def _top(self, block_hashes: Sequence[bytes], max_length: int) -> int:
+        """The longest hash boundary within the bound and the hashed tokens."""
+        unit = self.setup.hash_block_size
+        return min(max_length, len(block_hashes) * unit) // unit * unit
+
+    def _longest(self, block_hashes: Sequence[bytes], top: int, exists: frozenset[Key],
+                 kinds: tuple[str, ...] = (hybrid_spec.FULL, hybrid_spec.MAMBA)) -> int:
+        """The longest hash boundary up to ``top`` at which the groups of ``kinds`` can load."""
+        unit = self.setup.hash_block_size
+        return next((length for length in range(top, 0, -unit)
+                     if self._loadable(block_hashes, length, exists, kinds)), 0)
 
     def _loadable(self, block_hashes: Sequence[bytes], hit: int, exists: frozenset[Key],
                   kinds: tuple[str, ...] = (hybrid_spec.FULL, hybrid_spec.MAMBA)) -> bool:
@@ -147,12 +156,8 @@ class TrimsToShorterHashBoundary(PartialHashHits):
                ) -> tuple[Masks, int]:
         if not self.setup.partial:
             return super().lookup(block_hashes, max_length, exists)
-        unit = self.setup.hash_block_size
-        top = min(max_length, len(block_hashes) * unit) // unit * unit
-        full = next((length for length in range(top, 0, -unit)
-                     if self._loadable(block_hashes, length, exists, (hybrid_spec.FULL,))), 0)
-        hit = next((length for length in range(full, 0, -unit)
-                    if self._loadable(block_hashes, length, exists, (hybrid_spec.MAMBA,))), 0)
+        full = self._longest(block_hashes, self._top(block_hashes, max_length), exists, (hybrid_spec.FULL,))
+        hit = self._longest(block_hashes, full, exists, (hybrid_spec.MAMBA,))
         return self.load_mask(block_hashes, hit), hit
 
 
