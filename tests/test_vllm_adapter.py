@@ -118,8 +118,16 @@ def test_preemption_resets_computed_tokens_and_the_request_hits_its_own_blocks()
     assert engine.lookup("a").block_ids == ((1, 2),)
 
 
-def test_an_unsupported_vllm_version_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_release_older_than_the_adapters_know_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(vllm_engine, "_VLLM", None)
-    monkeypatch.setattr(vllm, "__version__", "0.32.1")
-    with pytest.raises(EngineLoadError, match=r"0\.33\.x.*install_vllm\.sh"):
+    monkeypatch.setattr(vllm, "__version__", "0.13.0")
+    with pytest.raises(EngineLoadError, match=r"0\.13\.0.*vLLM 0\.14 and later.*install_vllm\.sh"):
         VllmEngine()
+
+
+def test_any_later_release_is_driven_by_what_it_offers(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No version gate: a release the adapters never saw is driven by feature detection."""
+    monkeypatch.setattr(vllm_engine, "_VLLM", None)
+    monkeypatch.setattr(vllm, "__version__", "0.99.0")
+    engine = VllmEngine()
+    assert engine.version() == "0.99.0"

@@ -1,4 +1,4 @@
-"""vLLM's real ``KVCacheManager`` (vLLM 0.33.x) behind kvoracle's adapter protocol.
+"""vLLM's real ``KVCacheManager`` (vLLM 0.14 and later) behind kvoracle's adapter protocol.
 
 The adapter drives vLLM's manager the way vLLM's scheduler does: a waiting (or
 preempted) request looks its prefix-cache hit up with ``get_computed_blocks``,
@@ -6,6 +6,13 @@ adopts it in ``allocate_slots``, becomes RUNNING and counts the hit as computed;
 the scheduler's later bookkeeping (computed tokens advancing, output tokens
 appended, preemption resetting the computed tokens) is done on the vLLM
 ``Request`` itself.
+
+Releases: every release from 0.14 on, by feature detection (:mod:`.vllm_api`), not by
+version: a keyword a release lacks is left out where that release has kvoracle's value
+built in, a bounded lookup goes to the coordinator where ``get_computed_blocks`` takes no
+bound, and a capability (cascade common-prefix blocks, skipped-token counts) is claimed
+from what the release has. Intended differences of a release are listed, with reasons,
+in ``vllm.toml``.
 
 Scope: one KV-cache group of full attention (a :class:`ManagerConfig`) or several groups of
 any kind kvoracle specifies (a :class:`HybridConfig`), one vLLM group per kvoracle group.
@@ -37,30 +44,31 @@ from typing import Any
 
 from kvoracle.reference import HybridConfig, groups_config
 from kvoracle.spec.hashing import extend_block_hashes
+from kvoracle.spec.hybrid import scheduler_block_size
 
 from ..adapter import UNKNOWN_HASH, Capabilities, EngineConfig, KeyRef, Lookup, Observation
 from . import EngineLoadError
+from .vllm_api import OLDEST_SUPPORTED, call, release, takes
 
-#: The vLLM release line this adapter is written against.
-SUPPORTED_VERSION = "0.33"
-INSTALL_HINT = ("install vLLM 0.33.x (CPU torch) into a virtual environment with "
-                "scripts/install_vllm.sh, then run kvoracle from that environment")
+INSTALL_HINT = ("install vLLM (0.14 or later; CPU torch) into a virtual environment with "
+                "scripts/install_vllm.sh (VLLM_VERSION=... for another release), then run "
+                "kvoracle from that environment")
 
 _VLLM: SimpleNamespace | None = None
 
 
 def installed_vllm(engine: str) -> str:
     """Import vllm and return its version, or refuse with an :class:`EngineLoadError` naming
-    ``engine`` (the adapter being built) when it is missing or of another release line."""
+    ``engine`` (the adapter being built) when it is missing or older than the adapters know."""
     try:
         import vllm
     except ImportError as error:
         raise EngineLoadError(f"engine {engine}: cannot import vllm ({error}); {INSTALL_HINT}") from error
     version = str(getattr(vllm, "__version__", "unknown"))
-    if version.split("+")[0].split(".")[:2] != SUPPORTED_VERSION.split("."):
+    if release(version)[:2] < OLDEST_SUPPORTED:
         raise EngineLoadError(
-            f"engine {engine}: installed vllm is {version}, but this adapter supports vLLM "
-            f"{SUPPORTED_VERSION}.x only; {INSTALL_HINT}")
+            f"engine {engine}: installed vllm is {version}; the adapters drive the v1 KV-cache "
+            f"manager of vLLM {'.'.join(map(str, OLDEST_SUPPORTED))} and later; {INSTALL_HINT}")
     return version
 
 
@@ -75,7 +83,9 @@ def _load_vllm() -> SimpleNamespace:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
         from vllm.v1.core.kv_cache_manager import KVCacheManager
+        from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
         from vllm.v1.kv_cache_interface import FullAttentionSpec, KVCacheConfig, KVCacheGroupSpec
         from vllm.v1.request import Request, RequestStatus
     except ImportError as error:
@@ -85,7 +95,8 @@ def _load_vllm() -> SimpleNamespace:
     logging.getLogger("vllm.v1.core.block_pool").setLevel(logging.ERROR)
     _VLLM = SimpleNamespace(
         version=version, torch=torch, SamplingParams=SamplingParams, sha256=sha256,
-        utils=kv_cache_utils, KVCacheManager=KVCacheManager,
+        utils=kv_cache_utils, KVCacheManager=KVCacheManager, KVCacheCoordinator=KVCacheCoordinator,
+        SingleTypeKVCacheManager=SingleTypeKVCacheManager,
         FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec, Request=Request, RequestStatus=RequestStatus)
     return _VLLM
@@ -118,9 +129,13 @@ class VllmEngine:
         return self.vllm.version
 
     def capabilities(self) -> Capabilities:
-        # Everything exact; vLLM 0.33 removed cascade attention (KV-LIFE-010).
-        return Capabilities(common_prefix="zero", kv_cache_groups=True, hash_block_views=True,
-                            skipped_tokens=True)
+        # Everything exact. Releases whose coordinator still counts common-prefix blocks have
+        # cascade attention (KV-LIFE-011); later ones answer zero for every group (KV-LIFE-010).
+        v = self.vllm
+        cascade = hasattr(v.KVCacheCoordinator, "get_num_common_prefix_blocks")
+        return Capabilities(common_prefix="cascade" if cascade else "zero", kv_cache_groups=True,
+                            hash_block_views=True,
+                            skipped_tokens=hasattr(v.SingleTypeKVCacheManager, "get_num_skipped_tokens"))
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: EngineConfig | HybridConfig) -> None:
@@ -135,21 +150,12 @@ class VllmEngine:
         v.utils.init_none_hash(v.sha256)
         groups = [v.KVCacheGroupSpec([_layer_name(g)], vllm_spec(v, kv_spec))
                   for g, kv_spec in enumerate(groups_of.kv_cache_specs)]
-        kv_cache_config = v.KVCacheConfig(num_blocks=groups_of.num_blocks, kv_cache_tensors=[],
-                                          kv_cache_groups=groups, prefix_cache_retention_interval=None)
-        self.manager = v.KVCacheManager(
-            kv_cache_config,
-            max_model_len=groups_of.max_model_len,
-            scheduler_block_size=groups_of.scheduler_block_size,
-            hash_block_size=groups_of.hash_block_size,
-            enable_caching=groups_of.enable_caching,
-            use_eagle=groups_of.use_eagle,
-            num_hash_lookahead_tokens=0,
-            num_prefill_lookahead=0,
-            log_stats=False,
-            enable_kv_cache_events=False,
-            watermark=0.0,
-        )
+        self.manager = new_manager(v, groups, groups_of.num_blocks,
+                                   max_model_len=groups_of.max_model_len,
+                                   scheduler_block_size=groups_of.scheduler_block_size,
+                                   hash_block_size=groups_of.hash_block_size,
+                                   enable_caching=groups_of.enable_caching,
+                                   use_eagle=groups_of.use_eagle)
         self._hasher = v.utils.get_request_block_hasher(groups_of.hash_block_size, v.sha256)
         self.config = config
         self.requests = {}
@@ -163,10 +169,8 @@ class VllmEngine:
                     cache_salt: str | None = None) -> None:
         assert self.config is not None
         v = self.vllm
-        request = v.Request(
-            request_id, list(prompt),
-            sampling_params=v.SamplingParams(max_tokens=self.config.max_model_len),
-            pooling_params=None, cache_salt=cache_salt, block_hasher=self._hasher)
+        request = new_request(v, request_id, prompt, self.config.max_model_len, self._hasher,
+                              cache_salt=cache_salt)
         self.requests[request_id] = request
         self.kv_hashes[request_id] = ()
         self._translate(request_id)
@@ -190,8 +194,8 @@ class VllmEngine:
 
     # -- scheduling ----------------------------------------------------------------------
     def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
-        blocks, num_tokens, _shared_prefix_boundary = self.manager.get_computed_blocks(
-            self.requests[request_id], max_cache_hit_length)
+        blocks, num_tokens, _shared_prefix_boundary = computed_blocks(
+            self.manager, self.requests[request_id], max_cache_hit_length)
         self.last_hit[request_id] = blocks
         return Lookup(_ids(blocks.get_block_ids()), num_tokens)
 
@@ -292,6 +296,63 @@ class VllmEngine:
                 else tuple(blocks)
             cached[(kv_hash, group)] = ids
         return cached
+
+
+def new_manager(v: SimpleNamespace, groups: list[Any], num_blocks: int, *,
+                scheduler_block_size: int, **kwargs: Any) -> Any:
+    """A vLLM ``KVCacheManager`` over ``groups`` (vLLM ``KVCacheGroupSpec``) in any release.
+
+    The features kvoracle does not specify are off; releases without their switch have them
+    off built in. Releases without ``scheduler_block_size`` align hits to the LCM of the
+    groups' block sizes, which is kvoracle's scheduler block size too (KV-HYB-002).
+    """
+    config = call(v.version, v.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[],
+                  kv_cache_groups=groups, prefix_cache_retention_interval=None,
+                  built_in={"prefix_cache_retention_interval": None})
+    lcm = scheduler_block_size_of(groups)
+    return call(v.version, v.KVCacheManager, config, scheduler_block_size=scheduler_block_size,
+                num_hash_lookahead_tokens=0, num_prefill_lookahead=0, log_stats=False,
+                enable_kv_cache_events=False, watermark=0.0, **kwargs,
+                built_in={"scheduler_block_size": lcm, "num_hash_lookahead_tokens": 0,
+                          "num_prefill_lookahead": 0, "watermark": 0.0})
+
+
+def scheduler_block_size_of(groups: Sequence[Any]) -> int:
+    """The LCM of the block sizes of vLLM's KV-cache groups."""
+    return scheduler_block_size(tuple(int(g.kv_cache_spec.block_size) for g in groups))
+
+
+def new_request(v: SimpleNamespace, request_id: str, prompt: Sequence[int], max_tokens: int,
+                block_hasher: Any, cache_salt: str | None = None) -> Any:
+    """A vLLM ``Request`` for ``prompt``, hashed by ``block_hasher``, in any release."""
+    return call(v.version, v.Request, request_id, list(prompt),
+                sampling_params=v.SamplingParams(max_tokens=max_tokens), pooling_params=None,
+                cache_salt=cache_salt, block_hasher=block_hasher)
+
+
+def computed_blocks(manager: Any, request: Any, max_cache_hit_length: int | None
+                    ) -> tuple[Any, int, int | None]:
+    """``get_computed_blocks`` of any release: (blocks, hit tokens, shared-prefix boundary).
+
+    The boundary is ``None`` in releases whose manager does not report it (before 0.26).
+    A release whose ``get_computed_blocks`` takes no bound caps the hit at the prompt
+    length less one itself; a smaller bound is then asked of the coordinator, as that
+    ``get_computed_blocks`` would (same checks, same blocks object).
+    """
+    if max_cache_hit_length is None:
+        result = manager.get_computed_blocks(request)
+    elif takes(manager.get_computed_blocks, "max_cache_hit_length"):
+        result = manager.get_computed_blocks(request, max_cache_hit_length)
+    elif not manager.enable_caching or getattr(request, "skip_reading_prefix_cache", False):
+        result = (manager.empty_kv_cache_blocks, 0)
+    else:
+        blocks, num_tokens, *uncached = manager.coordinator.find_longest_cache_hit(
+            request.block_hashes, max_cache_hit_length)
+        # The boundary the manager derives from the coordinator's uncached tokens, if any.
+        boundary = [num_tokens + uncached[0] if uncached[0] else 0] if uncached else []
+        result = (manager.create_kv_cache_blocks(blocks), num_tokens, *boundary)
+    blocks, num_tokens, *rest = result
+    return blocks, int(num_tokens), (int(rest[0]) if rest else None)
 
 
 def _ids(groups: Sequence[Sequence[Any]]) -> tuple[tuple[int, ...], ...]:

@@ -1,4 +1,4 @@
-"""vLLM 0.33.x's real ``KVCacheManager`` behind the hybrid lookup suite's adapter.
+"""vLLM's real ``KVCacheManager`` (0.14 and later) behind the hybrid lookup suite's adapter.
 
 ``kvoracle check --suite hybrid --engine vllm`` drives this adapter
 (:class:`kvoracle.conformance.hybrid_lookup.HybridLookupAdapter`): each
@@ -59,6 +59,7 @@ imported. Install it with ``scripts/install_vllm.sh``.
 
 from __future__ import annotations
 
+import inspect
 import itertools
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -78,7 +79,8 @@ from ..adapter import Lookup
 from ..harness.capabilities import Capabilities
 from ..hybrid_lookup import PerGroupLookup
 from . import EngineLoadError
-from .vllm import INSTALL_HINT, _load_vllm
+from .vllm import INSTALL_HINT, _load_vllm, computed_blocks, new_manager, new_request
+from .vllm_api import call
 
 _HYBRID: SimpleNamespace | None = None
 
@@ -90,6 +92,7 @@ def _load() -> SimpleNamespace:
         return _HYBRID
     base = _load_vllm()  # imports vLLM once and refuses other release lines
     try:
+        from vllm.v1.core.kv_cache_coordinator import HybridKVCacheCoordinator
         from vllm.v1.kv_cache_interface import (
             ChunkedLocalAttentionSpec as VllmChunkedLocal,
         )
@@ -101,7 +104,8 @@ def _load() -> SimpleNamespace:
                               f"{INSTALL_HINT}") from error
     _HYBRID = SimpleNamespace(**vars(base), SlidingWindowSpec=VllmSlidingWindow,
                               ChunkedLocalAttentionSpec=VllmChunkedLocal, MambaSpec=VllmMamba,
-                              CrossAttentionSpec=VllmCrossAttention)
+                              CrossAttentionSpec=VllmCrossAttention,
+                              HybridKVCacheCoordinator=HybridKVCacheCoordinator)
     return _HYBRID
 
 
@@ -123,22 +127,27 @@ def vllm_spec(v: SimpleNamespace, kv_spec: KVCacheSpec) -> Any:
               "head_size": kv_spec.head_size, "dtype": _dtype(v, kv_spec.dtype_bytes),
               "page_size_padded": kv_spec.page_size_padded}
     if type(kv_spec) is FullAttentionSpec and not kv_spec.use_mla:
-        return v.FullAttentionSpec(**common, sliding_window=kv_spec.sliding_window,
-                                   attention_chunk_size=kv_spec.attention_chunk_size)
+        return call(v.version, v.FullAttentionSpec, **common, sliding_window=kv_spec.sliding_window,
+                    attention_chunk_size=kv_spec.attention_chunk_size)
     if type(kv_spec) is SlidingWindowSpec:
-        return v.SlidingWindowSpec(**common, sliding_window=kv_spec.sliding_window,
-                                   extra_retained_tokens=kv_spec.extra_retained_tokens)
+        return call(v.version, v.SlidingWindowSpec, **common, sliding_window=kv_spec.sliding_window,
+                    extra_retained_tokens=kv_spec.extra_retained_tokens,
+                    built_in={"extra_retained_tokens": 0})
     if type(kv_spec) is ChunkedLocalAttentionSpec:
-        return v.ChunkedLocalAttentionSpec(**common, attention_chunk_size=kv_spec.attention_chunk_size)
+        return call(v.version, v.ChunkedLocalAttentionSpec, **common,
+                    attention_chunk_size=kv_spec.attention_chunk_size)
     if type(kv_spec) is CrossAttentionSpec:
-        return v.CrossAttentionSpec(**common)
+        return call(v.version, v.CrossAttentionSpec, **common)
     if type(kv_spec) is MambaSpec:
-        return v.MambaSpec(
-            block_size=kv_spec.block_size, shapes=kv_spec.shapes,
+        # Releases before the cache modes (0.14) cache Mamba states at block ends, which is
+        # "align" mode; they have no prefill checkpoint blocks.
+        return call(
+            v.version, v.MambaSpec, block_size=kv_spec.block_size, shapes=kv_spec.shapes,
             dtypes=tuple(_dtype(v, n) for n in kv_spec.state_dtype_bytes),
             page_size_padded=kv_spec.page_size_padded, mamba_cache_mode=kv_spec.mamba_cache_mode,
             num_speculative_blocks=kv_spec.num_speculative_blocks,
-            num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks)
+            num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks,
+            built_in={"mamba_cache_mode": "align", "num_prefill_checkpoint_blocks": 0})
     raise ValueError(f"the vLLM hybrid adapters do not translate {type(kv_spec).__name__}"
                      f"{' (MLA)' if getattr(kv_spec, 'use_mla', False) else ''}")
 
@@ -166,7 +175,13 @@ class VllmHybridLookup:
         return self.vllm.version
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True)
+        # Releases before 0.26 report no uncached common prefix (their lookups return two
+        # results) and releases before 0.28 have no per-group lookup.
+        v = self.vllm
+        declared = str(inspect.signature(v.KVCacheManager.get_computed_blocks).return_annotation)
+        return Capabilities(uncached_prefix_tokens=declared.count("int") >= 2,
+                            per_group_lookup=hasattr(v.HybridKVCacheCoordinator,
+                                                     "find_longest_cache_hit_per_group"))
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: HybridConfig) -> None:
@@ -177,20 +192,13 @@ class VllmHybridLookup:
         v.utils.init_none_hash(v.sha256)
         groups = [v.KVCacheGroupSpec([_layer_name(g)], vllm_spec(v, kv_spec))
                   for g, kv_spec in enumerate(config.kv_cache_specs)]
-        kv_cache_config = v.KVCacheConfig(num_blocks=config.num_blocks, kv_cache_tensors=[],
-                                          kv_cache_groups=groups, prefix_cache_retention_interval=None)
         single = len(groups) == 1
         self.hash_block_size = config.kv_cache_specs[0].block_size if single else config.hash_block_size
-        self.manager = v.KVCacheManager(
-            kv_cache_config,
-            max_model_len=config.max_model_len,
-            scheduler_block_size=config.scheduler_block_size,
-            hash_block_size=self.hash_block_size,
-            enable_caching=True,
-            use_eagle=config.use_eagle,
-            enable_kv_cache_events=False,
-        )
-        if self.manager.coordinator.enable_partial_hash_hits:
+        self.manager = new_manager(v, groups, config.num_blocks, max_model_len=config.max_model_len,
+                                   scheduler_block_size=config.scheduler_block_size,
+                                   hash_block_size=self.hash_block_size, enable_caching=True,
+                                   use_eagle=config.use_eagle)
+        if getattr(self.manager.coordinator, "enable_partial_hash_hits", False):
             raise ValueError("vLLM enabled fine-grained partial hash hits for this configuration; "
                              "kvoracle does not specify them (KV-MAMBA-003)")
         self._hasher = v.utils.get_request_block_hasher(self.hash_block_size, v.sha256)
@@ -200,10 +208,8 @@ class VllmHybridLookup:
     def request(self, prompt_tokens: Sequence[int]) -> Any:
         """A fresh vLLM request for the prompt, its block hashes computed by vLLM."""
         assert self.config is not None
-        v = self.vllm
-        return v.Request(f"hybrid-{next(self._ids)}", list(prompt_tokens),
-                         sampling_params=v.SamplingParams(max_tokens=self.config.max_model_len),
-                         pooling_params=None, block_hasher=self._hasher)
+        return new_request(self.vllm, f"hybrid-{next(self._ids)}", prompt_tokens,
+                           self.config.max_model_len, self._hasher)
 
     def seed_cache(self, prompt_tokens: Sequence[int], group_id: int, mask: Sequence[bool]) -> None:
         assert self.config is not None
@@ -218,14 +224,22 @@ class VllmHybridLookup:
             return
         pool = self.manager.block_pool
         blocks = pool.get_new_blocks(length)
-        pool.cache_full_blocks(request=request, blocks=blocks, num_cached_blocks=0,
-                               num_full_blocks=length, block_size=size, kv_cache_group_id=group_id,
-                               block_mask=[bool(keep) for keep in mask[:length]])
+        keep = [bool(k) for k in mask[:length]]
+        if "block_mask" in inspect.signature(pool.cache_full_blocks).parameters:
+            pool.cache_full_blocks(request=request, blocks=blocks, num_cached_blocks=0,
+                                   num_full_blocks=length, block_size=size, kv_cache_group_id=group_id,
+                                   block_mask=keep)
+        else:  # before 0.22: cache them all, then uncache the masked-out ones
+            pool.cache_full_blocks(request=request, blocks=blocks, num_cached_blocks=0,
+                                   num_full_blocks=length, block_size=size, kv_cache_group_id=group_id)
+            for block, cached in zip(blocks, keep):
+                if not cached:
+                    pool._maybe_evict_cached_block(block)
         pool.free_blocks(reversed(blocks))  # a finished request: table tail first
 
     def lookup(self, prompt_tokens: Sequence[int], max_cache_hit_length: int | None = None) -> Lookup:
-        blocks, num_tokens, shared_prefix_boundary = self.manager.get_computed_blocks(
-            self.request(prompt_tokens), max_cache_hit_length)
+        blocks, num_tokens, shared_prefix_boundary = computed_blocks(
+            self.manager, self.request(prompt_tokens), max_cache_hit_length)
         # The manager reports hit + uncached as the boundary when uncached > 0, else 0.
         self.uncached = shared_prefix_boundary - num_tokens if shared_prefix_boundary else 0
         return Lookup(tuple(tuple(ids) for ids in blocks.get_block_ids()), num_tokens)

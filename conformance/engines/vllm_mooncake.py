@@ -1,4 +1,4 @@
-"""vLLM's Mooncake store coordinator (vLLM 0.33.x) behind the external-store adapter.
+"""vLLM's Mooncake store coordinator (vLLM 0.28 and later) behind the external-store adapter.
 
 Wraps ``MooncakeStoreCoordinator(kv_cache_groups, scheduler_block_size,
 hash_block_size, use_eagle=..., retention_interval=None,
@@ -10,7 +10,11 @@ holding exactly the store's keys (``local_hit``).
 
 Configured off: prefix-cache retention interval (``None``: dense), DCP/PCP,
 ``num_prompt_tokens`` replay boundaries in ``store_mask``. Mamba groups use the
-``"align"`` cache mode. vLLM is imported when the adapter is built, never when
+``"align"`` cache mode. Releases are told apart by what they offer: the suite needs the
+coordinator's ``lookup_mask`` and a ``store_mask`` that starts at a token, which the
+store coordinator of vLLM 0.22 to 0.27 lacks (the suite is then reported unsupported);
+partial hash hits are offered where the coordinator takes ``enable_partial_hash_hits``.
+vLLM is imported when the adapter is built, never when
 this module is imported.
 """
 
@@ -25,6 +29,7 @@ from kvoracle.spec import hybrid as hybrid_spec
 
 from . import EngineLoadError
 from .vllm import INSTALL_HINT, installed_vllm
+from .vllm_api import call, takes
 
 _VLLM: SimpleNamespace | None = None
 
@@ -51,6 +56,14 @@ def _load_vllm() -> SimpleNamespace:
     except ImportError as error:
         raise EngineLoadError(f"engine 'vllm' (external store): vllm {version} is incomplete ({error}); "
                               f"{INSTALL_HINT}") from error
+    store = coordinator.MooncakeStoreCoordinator
+    lacking = [name for name, present in (
+        ("lookup_mask", hasattr(store, "lookup_mask")),
+        ("store_mask(start_token=...)", takes(getattr(store, "store_mask", None), "start_token")))
+        if not present]
+    if lacking:
+        raise EngineLoadError(f"engine 'vllm' (external store): vllm {version}'s MooncakeStoreCoordinator "
+                              f"has no {', '.join(lacking)}, which the external-store suite drives")
     logging.getLogger("vllm").setLevel(logging.ERROR)
     _VLLM = SimpleNamespace(
         version=version, torch=torch, MooncakeStoreCoordinator=coordinator.MooncakeStoreCoordinator,
@@ -66,12 +79,14 @@ def _load_vllm() -> SimpleNamespace:
 def _vllm_spec(v: SimpleNamespace, kind: str, size: int, param: int) -> Any:
     attention = {"num_kv_heads": 1, "head_size": 1, "dtype": v.torch.float32}
     if kind == hybrid_spec.SLIDING_WINDOW:
-        return v.SlidingWindowSpec(block_size=size, sliding_window=param, **attention)
+        return call(v.version, v.SlidingWindowSpec, block_size=size, sliding_window=param, **attention)
     if kind == hybrid_spec.CHUNKED_LOCAL:
-        return v.ChunkedLocalAttentionSpec(block_size=size, attention_chunk_size=param, **attention)
+        return call(v.version, v.ChunkedLocalAttentionSpec, block_size=size, attention_chunk_size=param,
+                    **attention)
     if kind == hybrid_spec.MAMBA:
-        return v.MambaSpec(block_size=size, shapes=((1,),), dtypes=(v.torch.float32,), mamba_cache_mode="align")
-    return v.FullAttentionSpec(block_size=size, **attention)
+        return call(v.version, v.MambaSpec, block_size=size, shapes=((1,),), dtypes=(v.torch.float32,),
+                    mamba_cache_mode="align")
+    return call(v.version, v.FullAttentionSpec, block_size=size, **attention)
 
 
 def _masks(masks: Sequence[Sequence[bool] | None], lengths: Sequence[int]) -> tuple[tuple[bool, ...], ...]:
@@ -84,10 +99,11 @@ class VllmMooncakeStore:
     """vLLM 0.33's ``MooncakeStoreCoordinator`` behind the external-store adapter."""
 
     name = "vllm-mooncake"
-    supports_partial_hash_hits = True
 
     def __init__(self) -> None:
         self.v = _load_vllm()
+        #: Releases before 0.33 have no fine-grained partial hash hits in the store coordinator.
+        self.supports_partial_hash_hits = takes(self.v.MooncakeStoreCoordinator, "enable_partial_hash_hits")
         self.setup: Any = None
         self.coordinator: Any = None
         self.groups: list[Any] = []
@@ -101,9 +117,10 @@ class VllmMooncakeStore:
         self.groups = [v.KVCacheGroupSpec([f"model.layers.{i}.attn"], _vllm_spec(v, kind, size, param),
                                           is_eagle_group=bool(setup.eagle_groups[i]))
                        for i, (kind, size, param) in enumerate(setup.groups)]
-        self.coordinator = v.MooncakeStoreCoordinator(
-            self.groups, setup.scheduler_block_size, setup.hash_block_size, use_eagle=setup.use_eagle,
-            retention_interval=None, enable_partial_hash_hits=setup.partial)
+        self.coordinator = call(v.version, v.MooncakeStoreCoordinator, self.groups, setup.scheduler_block_size,
+                                setup.hash_block_size, use_eagle=setup.use_eagle, retention_interval=None,
+                                enable_partial_hash_hits=setup.partial,
+                                built_in={"enable_partial_hash_hits": False})
 
     def _hashes(self, block_hashes: Sequence[bytes]) -> list[Any]:
         return [self.v.BlockHash(h) for h in block_hashes]
@@ -132,11 +149,11 @@ class VllmMooncakeStore:
         """vLLM's ``HybridKVCacheCoordinator`` over a pool caching exactly ``exists``."""
         v, setup = self.v, self.setup
         config = v.KVCacheConfig(num_blocks=len(exists) + 2, kv_cache_tensors=[], kv_cache_groups=self.groups)
-        local = v.HybridKVCacheCoordinator(
-            config, max_model_len=1 << 20, max_in_flight_tokens=1 << 20, use_eagle=setup.use_eagle,
-            enable_caching=True, enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
-            scheduler_block_size=setup.scheduler_block_size, hash_block_size=setup.hash_block_size,
-            allow_partial_hash_hits=setup.partial)
+        local = call(v.version, v.HybridKVCacheCoordinator, config, max_model_len=1 << 20,
+                     max_in_flight_tokens=1 << 20, use_eagle=setup.use_eagle, enable_caching=True,
+                     enable_kv_cache_events=False, dcp_world_size=1, pcp_world_size=1,
+                     scheduler_block_size=setup.scheduler_block_size, hash_block_size=setup.hash_block_size,
+                     allow_partial_hash_hits=setup.partial, built_in={"allow_partial_hash_hits": False})
         pool = local.block_pool
         for group_id, block_hash in sorted(exists):
             block = pool.get_new_blocks(1)[0]

@@ -1,0 +1,87 @@
+"""vLLM's KV-cache API across releases: what each release offers, found by looking.
+
+kvoracle's vLLM adapters follow the engine's real API from vLLM 0.14 to the newest
+release by *feature detection*: they ask a class or method which keyword arguments it
+takes, which attributes it has and how many results it returns, never which version it
+is. A release that lacks a parameter kvoracle sets to the value that release has fixed
+anyway (a retention interval of ``None``, no hash look-ahead, no watermark, ...) is
+called without it; a release that lacks a parameter kvoracle needs at another value is
+refused with an error naming the parameter and the release. Where an operation truly
+does not exist in a release (the Mooncake store coordinator before 0.22, the per-group
+lookup before 0.28), the adapter says so and the suite or rule needing it is reported
+unsupported or not applicable, never passed.
+
+This module holds the detection shared by the three vLLM adapters; it imports no vLLM.
+"""
+
+from __future__ import annotations
+
+import inspect
+import re
+from collections.abc import Callable, Mapping
+from typing import Any
+
+#: The oldest release whose v1 KV-cache manager the adapters know how to drive.
+OLDEST_SUPPORTED = (0, 14)
+
+
+def release(version: str) -> tuple[int, ...]:
+    """``"0.28.0+cpu"`` -> ``(0, 28, 0)``; a part that is not a number ends the tuple."""
+    parts: list[int] = []
+    for part in version.split("+")[0].split("."):
+        digits = re.match(r"\d+", part)
+        if digits is None:
+            break
+        parts.append(int(digits.group()))
+        if digits.end() < len(part):  # "0rc1": a pre-release of 0
+            break
+    return tuple(parts)
+
+
+def parameters(function: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
+    """The parameters ``function`` (or a class's constructor) takes, by name."""
+    try:
+        return inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin without a signature: assume it takes anything
+        return {}
+
+
+def takes(function: Callable[..., Any], name: str) -> bool:
+    """Whether ``function`` accepts a keyword argument ``name``."""
+    params = parameters(function)
+    return name in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+class UnsupportedByRelease(ValueError):
+    """The installed vLLM release lacks a parameter or operation kvoracle needs."""
+
+
+#: Parameters older releases require that later releases dropped, with the value that means
+#: "not used" (vLLM 0.14's ``Request`` requires ``eos_token_id``; kvoracle never stops on one).
+RETIRED_REQUIRED: Mapping[str, Any] = {"eos_token_id": None}
+
+
+def call(version: str, function: Callable[..., Any], /, *args: Any,
+         built_in: Mapping[str, Any] = {}, **kwargs: Any) -> Any:
+    """Call ``function`` with ``kwargs`` as far as the installed release takes them.
+
+    ``built_in`` maps parameters of later releases to the value that releases without them
+    have built in. Such a parameter is left out where the release does not take it and
+    kvoracle wants exactly that value; any other keyword the release does not take is
+    refused (:class:`UnsupportedByRelease`, naming it), never silently dropped.
+    """
+    name = getattr(function, "__qualname__", repr(function))
+    accepted: dict[str, Any] = {}
+    refused: list[str] = []
+    for key, value in kwargs.items():
+        if takes(function, key):
+            accepted[key] = value
+        elif not (key in built_in and value == built_in[key]):
+            refused.append(f"{key}={value!r}")
+    if refused:
+        raise UnsupportedByRelease(f"vLLM {version}: {name} takes no {', '.join(refused)}, "
+                                   f"which kvoracle needs here")
+    for key, param in parameters(function).items():
+        if key in RETIRED_REQUIRED and key not in accepted and param.default is inspect.Parameter.empty:
+            accepted[key] = RETIRED_REQUIRED[key]
+    return function(*args, **accepted)
