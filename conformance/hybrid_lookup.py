@@ -33,9 +33,9 @@ counterexample, so the specific rules come before the catch-all):
   A wrong hit whose whole answer -- the hit and every non-full group's entries -- exactly
   one other loop gives names that loop's rule: KV-SWA-001 (a scan needing
   cdiv(window, block_size) blocks), KV-HYB-005 (one full-attention and one other spec
-  group, and the loop runs past its first pass, :func:`kvoracle.spec.hybrid.single_pass`);
-  then KV-HYB-004 (not aligned or beyond the bound), KV-HYB-007 (any other, with EAGLE)
-  and KV-HYB-003 (any other);
+  group, and the loop runs past its first pass, :func:`kvoracle.spec.hybrid.single_pass`),
+  KV-HYB-015 (with EAGLE, a loop dropping on every pass, vLLM #32802); then KV-HYB-004 (not
+  aligned or beyond the bound), KV-HYB-007 (any other, with EAGLE) and KV-HYB-003 (any other);
 * null entries where the attention type puts them: a second EAGLE drop is KV-HYB-007, any
   other KV-HYB-013 (:func:`kvoracle.spec.hybrid.num_null_hit_blocks`);
 * KV-FULL-002: the non-null entries are the reference's block ids (engines that
@@ -394,7 +394,9 @@ class HybridDriver(Driver):
         config = step.config()
         self.model.configure(config)
         self.new_engine()
-        self.call("configure", config)
+        # An engine refusing a model whose groups share specs fails to merge them (KV-HYB-002).
+        merged = self.model.coordinator is not None and len(self.model.coordinator.spec_groups) < len(step.groups)
+        self.call("configure", config, rule="KV-HYB-002" if merged else None)
 
     def _Seed(self, step: Seed) -> None:
         assert self.setup is not None and self.engine is not None
@@ -671,6 +673,13 @@ class HybridDriver(Driver):
         if spec.single_pass(tuple(kind for kind, _, _, _ in flat)):
             others.append(("KV-HYB-005", lambda: [(spec_in.no_shortcut, False)], lambda: "the answer of a loop "
                            "that runs past its first pass with one full-attention and one other spec group"))
+        if eagle:  # the loop of vLLM #32802: every lookup drops its EAGLE block, no margin
+            others.append(("KV-HYB-015", lambda: [(spec_in.spiral, False)], lambda: "the answer of a loop "
+                           "that drops an EAGLE block on every pass (it spirals down)"))
+            # An answer both that loop and a look-ahead capped at the bound give is ambiguous,
+            # and falls to KV-HYB-007 below.
+            others.append(("KV-HYB-007", lambda: [(spec_in.capped_margin, False)], lambda: "the answer "
+                           "of a loop whose EAGLE look-ahead stops at max_cache_hit_length"))
         matching = [] if hit == expected else [
             rule_id for rule_id, loops, _ in others
             if any(spec_in.reproduces(loop, got, widen) for loop, widen in loops())]
@@ -741,6 +750,18 @@ class _SpecInputs:
     def no_shortcut(self) -> tuple:
         """The loop run to its fixed point without KV-HYB-005's single pass."""
         return self.fixed_point(self.flat, self.cached, one_pass=False)
+
+    @functools.cached_property
+    def capped_margin(self) -> tuple:
+        """The loop whose EAGLE look-ahead is capped by the bound, not the hashed tokens."""
+        return spec.fixed_point(self.flat, self.cached, self.bound, self.num_hashed, self.alignment,
+                                margin_cap="max_length")
+
+    @functools.cached_property
+    def spiral(self) -> tuple:
+        """The loop dropping an EAGLE block on every lookup, without a margin (KV-HYB-015)."""
+        return spec.fixed_point(self.flat, self.cached, self.bound, self.num_hashed, self.alignment,
+                                redrop=True)
 
     def member_flags(self, index: int, group_id: int) -> tuple[bool, ...]:
         """Spec group ``index``'s cached blocks as group ``group_id`` alone has them."""

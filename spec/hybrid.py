@@ -144,7 +144,9 @@ KV_HYB_007 = rule(
     """An EAGLE spec group other than Mamba is looked up with bound min(candidate +
     block_size, hashed tokens) and drops its last block; it is marked verified and not
     dropped again until a non-EAGLE lookup shrinks the candidate (issue #32802). The seed
-    bounded the look-ahead by max_cache_hit_length; vLLM 0.33.0 by the hashed tokens.""",
+    bounded the look-ahead by max_cache_hit_length (as vLLM 0.20 to 0.31 do); vLLM 0.32 and
+    later by the hashed tokens.
+    An answer that is exactly the loop dropping on every lookup is KV-HYB-015 instead.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified, eagle_margin)",
     chapter=CHAPTER,
     judged_by=("hybrid",),
@@ -228,6 +230,21 @@ KV_HYB_014 = rule(
     chapter=CHAPTER,
     judged_by=("manager",),
     needs=("kv_cache_groups",),
+)
+KV_HYB_015 = rule(
+    "KV-HYB-015",
+    "The EAGLE drop does not spiral",
+    """A lookup of an EAGLE group drops one block from a candidate the loop has not
+    verified; the loop never drops again from what a drop left. A coordinator that drops
+    on every pass of the fixed-point loop, with no look-ahead to make up for it, shrinks the
+    candidate by a block per pass while every group still accepts, down to 0 (vLLM issue
+    #32802, releases 0.14.0 to 0.15.0). The hybrid suite charges an EAGLE hit to this rule
+    when the engine's whole answer is exactly that loop's (``fixed_point(..., redrop=True)``)
+    and differs from the spec's.""",
+    source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified); "
+           "https://github.com/vllm-project/vllm/issues/32802",
+    chapter=CHAPTER,
+    judged_by=("hybrid",),
 )
 
 
@@ -375,10 +392,11 @@ def declarative_hit(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...
                   not ideal or any(kind == SLIDING_WINDOW and param == 1 for kind, _, param, _ in groups)
                   or result[0] == declarative_hit(groups, cached, max_cache_hit_length, alignment),
                   "KV-HYB-003: the ideal loop returns the declarative hit (windows > 1)", enabled=ENABLED)
-@defines(KV_HYB_002, KV_HYB_004, KV_HYB_005, KV_HYB_006, KV_HYB_007, KV_HYB_008, KV_HYB_009)
+@defines(KV_HYB_002, KV_HYB_004, KV_HYB_005, KV_HYB_006, KV_HYB_007, KV_HYB_008, KV_HYB_009, KV_HYB_015)
 def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], ...],
                 max_cache_hit_length: int, num_hashed_tokens: int, alignment: int,
-                ideal: bool = False, *, one_pass: bool = True
+                ideal: bool = False, *, one_pass: bool = True, redrop: bool = False,
+                margin_cap: str = "hashed"
                 ) -> tuple[int, tuple[int, ...], int, int, tuple[tuple[int, bool], ...]]:
     """vLLM 0.33.0's fixed-point loop over flat arguments.
 
@@ -389,7 +407,12 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
     the tests check both statements. With ``one_pass=False`` the loop runs to its fixed
     point even where KV-HYB-005 stops it after one pass: the answer of a coordinator that
     misses the shortcut, which differs only with EAGLE and a window of 1 (the hybrid suite
-    names such an answer KV-HYB-005).
+    names such an answer KV-HYB-005). With ``redrop`` the loop is the one KV-HYB-015
+    forbids: every lookup of an EAGLE group drops, with no look-ahead margin, and the loop
+    runs to its fixed point (the coordinator of vLLM issue #32802). With ``margin_cap=
+    "max_length"`` the look-ahead is capped by ``max_cache_hit_length`` instead of the hashed
+    tokens, as the seed and vLLM 0.20 to 0.31 do (an EAGLE hit at the bound then
+    loses its last block); the hybrid suite names such an answer KV-HYB-007.
 
     ``groups[g]`` describes spec group ``g`` (already merged, KV-HYB-002) and
     ``cached[g]`` which of its blocks are cached in every member group. Returns
@@ -400,7 +423,7 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
     blocks are (KV-HYB-013).
     """
     order = lookup_order(tuple(kind for kind, _, _, _ in groups))
-    simple = one_pass and single_pass(tuple(kind for kind, _, _, _ in groups))
+    simple = one_pass and not redrop and single_pass(tuple(kind for kind, _, _, _ in groups))
     hit_length = max_cache_hit_length
     looked_up = [False] * len(groups)
     group_length = [0] * len(groups)
@@ -415,10 +438,11 @@ def fixed_point(groups: tuple[SpecGroup, ...], cached: tuple[tuple[bool, ...], .
             if _is_full(kind) and looked_up[g]:
                 candidate = min(candidate, group_length[g])  # KV-HYB-006: trim only
                 continue
-            drop = eagle and g not in verified
+            drop = eagle and (redrop or g not in verified)
             bound = candidate
-            if drop and eagle_margin(kind, size):
-                bound = min(candidate + eagle_margin(kind, size), num_hashed_tokens)
+            if drop and eagle_margin(kind, size) and not redrop:
+                cap = max_cache_hit_length if margin_cap == "max_length" else num_hashed_tokens
+                bound = min(candidate + eagle_margin(kind, size), cap)
             if ideal and kind == SLIDING_WINDOW:
                 answer = sliding_window.greatest_accepted(cached[g], bound, size, param, drop, alignment)
             else:

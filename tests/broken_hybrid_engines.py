@@ -33,7 +33,7 @@ class _Unchecked(HybridCoordinator):
 
 # -- (i) the EAGLE drop on every pass (vLLM #32802) ------------------------------------------------
 class _DropEveryPass(_Unchecked):
-    fixed_point = staticmethod(partial(broken_fixed_point, drop_every_pass=True))
+    fixed_point = staticmethod(partial(broken_fixed_point, drop_every_pass=True, one_pass=False))
 
 
 class EagleDropEveryPass(ReferenceHybridLookup):
@@ -84,7 +84,7 @@ class SwaWindowNotMinusOne(ReferenceHybridLookup):
 
 #: Broken adapter -> the rule the hybrid suite must convict it of.
 EXPECTED = {
-    "EagleDropEveryPass": "KV-HYB-007",
+    "EagleDropEveryPass": "KV-HYB-015",
     "TrimFirstFullOnly": "KV-HYB-006",
     "MambaEagleMargin": "KV-MAMBA-002",
     "SwaWindowNotMinusOne": "KV-SWA-001",

@@ -25,7 +25,8 @@ def broken_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, 
 
     ``finder``: each group's answer (the kind's hit rule). ``one_pass=False``: no KV-HYB-005
     stop after the first pass. ``drop_every_pass``: an EAGLE group drops its peek block on
-    every pass, as before the fix of vLLM #32802 (the hit spirals down). ``mamba_margin``: a
+    every pass with no look-ahead margin, as before the fix of vLLM #32802 (the hit spirals
+    down). ``mamba_margin``: a
     Mamba group is looked up one block past the candidate like the other EAGLE groups
     (#43559). ``longest_per_pass``: the longest candidate is taken once per pass instead of
     after each group's answer (the uncached count comes out too small).
@@ -47,6 +48,7 @@ def broken_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, 
                 continue
             drop = eagle and (drop_every_pass or g not in verified)
             margin = size if mamba_margin and kind == spec.MAMBA else spec.eagle_margin(kind, size)
+            margin = 0 if drop_every_pass else margin
             bound = min(candidate + margin, num_hashed_tokens) if drop and margin else candidate
             answer = finder(kind, cached[g], bound, size, param, drop, alignment)
             lookups += 1

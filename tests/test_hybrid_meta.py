@@ -28,10 +28,12 @@ from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, Seed
 TESTS = Path(__file__).parent
 T, F = True, False
 STATES = {
+    # vLLM #32802 as its issue tells it: full attention and a window of 8, block 4, EAGLE,
+    # 10 blocks cached in both groups: the hit spirals to 0 instead of 36.
     "EagleDropEveryPass": [
-        HybridSetup(groups=(("mamba", 1, 0), ("sliding_window", 2, 4), ("sliding_window", 2, 1)),
-                    hash_block_size=1, num_blocks=200, use_eagle=True, prompts=((0, 0, 0, 1, 3, 0, 1, 1),)),
-        Seed(0, 0, (F, T, F, T, T, T, T, T)), Seed(0, 1, (T, T, T, F)), Seed(0, 2, (F, F, T, T)), LookUp(0)],
+        HybridSetup(groups=(("full", 4, 0), ("sliding_window", 4, 8)), hash_block_size=4, num_blocks=200,
+                    use_eagle=True, prompts=(tuple(i % 4 for i in range(41)),)),
+        Seed(0, 0, (T,) * 10), Seed(0, 1, (T,) * 10), LookUp(0)],
     "TrimFirstFullOnly": [
         HybridSetup(groups=(("full", 1, 0), ("full", 2, 0), ("sliding_window", 1, 3)), hash_block_size=1,
                     num_blocks=200, use_eagle=False, prompts=((2, 1, 3, 1, 0, 2, 1, 3, 2, 1, 0, 0),)),
