@@ -159,18 +159,22 @@ class ReferenceHybridLookup:
     name = "reference"
     coordinator_class: type[HybridCoordinator] = HybridCoordinator
 
-    def __init__(self) -> None:
+    def __init__(self, free_order: str = "unhashed_first") -> None:
         self.coordinator: HybridCoordinator | None = None
         self.uncached = 0
+        #: How freed blocks return to the free queue (KV-POOL-006 or KV-POOL-016): seeding
+        #: frees blocks, so it decides which blocks later seeds take.
+        self.free_order = free_order
 
     def version(self) -> str:
         return __version__
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True)
+        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True, free_order=self.free_order)
 
     def configure(self, config: HybridConfig) -> None:
         self.coordinator = self.coordinator_class(config)
+        self.coordinator.pool.unhashed_first = self.free_order == "unhashed_first"
 
     def hashes(self, prompt_tokens: Sequence[int]) -> tuple[bytes, ...]:
         assert self.coordinator is not None
@@ -384,7 +388,7 @@ class HybridDriver(Driver):
     fault_rule = "KV-HYB-003"
 
     def prepare(self) -> None:
-        self.model = ReferenceHybridLookup()
+        self.model = ReferenceHybridLookup(free_order=self.verdicts.capabilities.free_order)
         self.setup: HybridSetup | None = None
         #: Divergences of the spec's loop from the declarative hit seen (rule id -> count).
         self.divergences: dict[str, int] = {}

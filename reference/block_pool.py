@@ -107,6 +107,9 @@ class BlockPool:
         # KV-POOL-001: block 0 never enters the free queue.
         self.null_block = self.blocks[0]
         self.null_block.is_null = True
+        #: The free order: unhashed blocks to the front (KV-POOL-006), or, when False, every
+        #: released block to the back (the append order of KV-POOL-016).
+        self.unhashed_first = True
         # Cache key -> {block id: block}, in caching order (KV-POOL-009: no de-dup).
         self.cached: dict[CacheKey, dict[int, KVCacheBlock]] = {}
 
@@ -191,9 +194,13 @@ class BlockPool:
     @icontract.snapshot(lambda self, blocks: (self.free_queue.block_ids(),
                                               _released_in_order(self, blocks)),
                         name="before", enabled=ENABLED)
-    @icontract.ensure(lambda self, OLD: self.free_queue.block_ids()
+    @icontract.ensure(lambda self, OLD: not self.unhashed_first or self.free_queue.block_ids()
                       == spec.queue_after_release(OLD.before[0], *OLD.before[1]),
                       "KV-POOL-006: unhashed blocks are prepended, hashed blocks appended",
+                      enabled=ENABLED)
+    @icontract.ensure(lambda self, OLD: self.unhashed_first or self.free_queue.block_ids()
+                      == spec.queue_after_append(OLD.before[0], OLD.before[1][0]),
+                      "KV-POOL-016: in the append order every released block is appended",
                       enabled=ENABLED)
     def free_blocks(self, blocks: Sequence[KVCacheBlock]) -> None:
         """Release one reference to each block, in eviction-priority order."""
@@ -204,7 +211,8 @@ class BlockPool:
                 continue  # KV-POOL-002
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                if (block.cache_key is None and block.partial_key is None) or not self.enable_caching:
+                unhashed = (block.cache_key is None and block.partial_key is None) or not self.enable_caching
+                if unhashed and self.unhashed_first:  # else the append order (KV-POOL-016)
                     evict_first.append(block)
                 else:
                     evict_last.append(block)

@@ -309,7 +309,9 @@ class KVCacheManager:
         return [0 for _ in self.groups]
 
     def get_num_common_prefix_blocks_cascade(self, request_id: str) -> list[int]:
-        """KV-LIFE-011: the seed's cascade-attention count, per group."""
+        """KV-LIFE-011: the seed's cascade-attention count, per group (0 with caching off)."""
+        if not self.config.enable_caching:
+            return [0 for _ in self.groups]
         return [group.num_common_prefix_blocks(request_id) for group in self.groups]
 
     def is_tracked(self, request_id: str) -> bool:

@@ -198,6 +198,19 @@ KV_POOL_015 = rule(
     needs=("cache_map",),
     judged_by=("manager",),
 )
+KV_POOL_016 = rule(
+    "KV-POOL-016",
+    "Freeing in append order: every released block to the back",
+    """The refinement of KV-POOL-006 for an engine that declares the append free order
+    (capability ``free_order="append"``): free_blocks decrements each non-null block's count
+    and appends the blocks that reach 0 to the back of the free queue in the given order,
+    hashed or not, caching on or off. vLLM did so before 0.23, which started reusing
+    unhashed blocks first (last in, first out) for locality on the GPU.""",
+    source=f"{POOL} BlockPool.free_blocks (vLLM 0.14-0.22: free_block_queue.append_n)",
+    chapter=CHAPTER,
+    needs=("exact_block_ids", "free_queue"),
+    judged_by=("manager",),
+)
 
 
 @icontract.require(lambda queue, n: 0 <= n <= len(queue), enabled=ENABLED)
@@ -225,6 +238,14 @@ def queue_after_release(
     unhashed = tuple(b for b, h in zip(released, released_hashed) if not h)
     hashed = tuple(b for b, h in zip(released, released_hashed) if h)
     return unhashed + queue + hashed
+
+
+@icontract.ensure(lambda result, queue, released: result == queue + released, enabled=ENABLED)
+@defines(KV_POOL_016)
+def queue_after_append(queue: tuple[int, ...], released: tuple[int, ...]) -> tuple[int, ...]:
+    """The free queue after the blocks whose count reached 0 are returned to it in the
+    append order: all of them at the back, in the order they were freed."""
+    return queue + released
 
 
 @icontract.ensure(lambda result, table: len(result) <= len(table), enabled=ENABLED)

@@ -161,8 +161,10 @@ KV_LIFE_011 = rule(
     "Common prefix blocks (cascade attention)",
     """For an engine with cascade attention, the number of common prefix blocks is the
     length of the longest run of leading blocks of the running request whose reference
-    count equals the number of requests holding blocks.""",
-    source="seed 001/002 FullAttentionManager.get_num_common_prefix_blocks",
+    count equals the number of requests holding blocks. With prefix caching off no block is
+    shared, and the count is 0 in every group (the coordinator without prefix caching).""",
+    source="seed 001/002 FullAttentionManager.get_num_common_prefix_blocks; "
+           "seed 000 KVCacheCoordinatorNoPrefixCache.get_num_common_prefix_blocks",
     chapter=CHAPTER,
     judged_by=("manager",),
 )

@@ -19,10 +19,13 @@ class ReferenceEngine:
 
     name = "reference"
 
-    def __init__(self, common_prefix: str = "zero") -> None:
+    def __init__(self, common_prefix: str = "zero", free_order: str = "unhashed_first") -> None:
         #: Which get_num_common_prefix_blocks behaviour to show: "zero" (KV-LIFE-010)
         #: or "cascade" (KV-LIFE-011).
         self.common_prefix = common_prefix
+        #: How freed blocks return to the free queue: "unhashed_first" (KV-POOL-006) or
+        #: "append" (KV-POOL-016).
+        self.free_order = free_order
         self.config: EngineConfig | None = None
         self.manager: KVCacheManager | None = None
         self.requests: dict[str, Request] = {}
@@ -32,8 +35,8 @@ class ReferenceEngine:
         return __version__
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(common_prefix=self.common_prefix, kv_cache_groups=True, hash_block_views=True,
-                            skipped_tokens=True)
+        return Capabilities(common_prefix=self.common_prefix, free_order=self.free_order, kv_cache_groups=True,
+                            hash_block_views=True, skipped_tokens=True)
 
     def make_manager(self, config: EngineConfig) -> KVCacheManager:
         return KVCacheManager(config)
@@ -41,6 +44,7 @@ class ReferenceEngine:
     def configure(self, config: EngineConfig) -> None:
         self.config = config
         self.manager = self.make_manager(config)
+        self.manager.pool.unhashed_first = self.free_order == "unhashed_first"
         self.requests = {}
         self.last_hit = {}
 

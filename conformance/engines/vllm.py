@@ -133,7 +133,8 @@ class VllmEngine:
         # cascade attention (KV-LIFE-011); later ones answer zero for every group (KV-LIFE-010).
         v = self.vllm
         cascade = hasattr(v.KVCacheCoordinator, "get_num_common_prefix_blocks")
-        return Capabilities(common_prefix="cascade" if cascade else "zero", kv_cache_groups=True,
+        return Capabilities(common_prefix="cascade" if cascade else "zero", free_order=free_order(v),
+                            kv_cache_groups=True,
                             hash_block_views=True,
                             skipped_tokens=hasattr(v.SingleTypeKVCacheManager, "get_num_skipped_tokens"))
 
@@ -315,6 +316,15 @@ def new_manager(v: SimpleNamespace, groups: list[Any], num_blocks: int, *,
                 enable_kv_cache_events=False, watermark=0.0, **kwargs,
                 built_in={"scheduler_block_size": lcm, "num_hash_lookahead_tokens": 0,
                           "num_prefill_lookahead": 0, "watermark": 0.0})
+
+
+def free_order(v: SimpleNamespace) -> str:
+    """How the release's ``BlockPool.free_blocks`` returns blocks to the free queue.
+
+    vLLM 0.23 began reusing unhashed blocks first and gave the free queue ``prepend_n`` for it
+    (KV-POOL-006); the releases before append every freed block (KV-POOL-016).
+    """
+    return "unhashed_first" if hasattr(v.utils.FreeKVCacheBlockQueue, "prepend_n") else "append"
 
 
 def scheduler_block_size_of(groups: Sequence[Any]) -> int:

@@ -79,7 +79,7 @@ from ..adapter import Lookup
 from ..harness.capabilities import Capabilities
 from ..hybrid_lookup import PerGroupLookup
 from . import EngineLoadError
-from .vllm import INSTALL_HINT, _load_vllm, computed_blocks, new_manager, new_request
+from .vllm import INSTALL_HINT, _load_vllm, computed_blocks, free_order, new_manager, new_request
 from .vllm_api import call
 
 _HYBRID: SimpleNamespace | None = None
@@ -179,7 +179,7 @@ class VllmHybridLookup:
         # results) and releases before 0.28 have no per-group lookup.
         v = self.vllm
         declared = str(inspect.signature(v.KVCacheManager.get_computed_blocks).return_annotation)
-        return Capabilities(uncached_prefix_tokens=declared.count("int") >= 2,
+        return Capabilities(uncached_prefix_tokens=declared.count("int") >= 2, free_order=free_order(v),
                             per_group_lookup=hasattr(v.HybridKVCacheCoordinator,
                                                      "find_longest_cache_hit_per_group"))
 

@@ -11,6 +11,18 @@ from __future__ import annotations
 import attrs
 
 COMMON_PREFIX_MODES = ("zero", "cascade", "none")
+#: How freed blocks return to the free queue: unhashed ones to the front (KV-POOL-006), or
+#: every one to the back (KV-POOL-016).
+FREE_ORDERS = ("unhashed_first", "append")
+
+#: Rules that hold for one value of a mode-valued capability: rule id -> (capability, value).
+#: The rule of another mode is not applicable (its refinement is judged instead).
+MODE_RULES = {
+    "KV-LIFE-010": ("common_prefix", "zero"),
+    "KV-LIFE-011": ("common_prefix", "cascade"),
+    "KV-POOL-006": ("free_order", "unhashed_first"),
+    "KV-POOL-016": ("free_order", "append"),
+}
 
 
 @attrs.frozen
@@ -38,6 +50,9 @@ class Capabilities:
     hash_block_views: bool = False
     #: ``zero``: vLLM >= 0.x deprecation (KV-LIFE-010); ``cascade``: KV-LIFE-011.
     common_prefix: str = attrs.field(default="zero")
+    #: ``unhashed_first``: freed unhashed blocks go to the front of the free queue (KV-POOL-006,
+    #: vLLM 0.23 and later); ``append``: every freed block goes to the back (KV-POOL-016).
+    free_order: str = attrs.field(default="unhashed_first")
     #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
     kv_data: bool = False
     #: ``configure()`` takes a :class:`~kvoracle.reference.HybridConfig` of several KV-cache groups
@@ -56,3 +71,8 @@ class Capabilities:
     def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
         if value not in COMMON_PREFIX_MODES:
             raise ValueError(f"common_prefix must be one of {COMMON_PREFIX_MODES}, got {value!r}")
+
+    @free_order.validator
+    def _check_free_order(self, attribute: attrs.Attribute, value: str) -> None:
+        if value not in FREE_ORDERS:
+            raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {value!r}")

@@ -20,7 +20,7 @@ import attrs
 
 from kvoracle.spec import Rule, all_rules, get_rule
 
-from .capabilities import Capabilities
+from .capabilities import MODE_RULES, Capabilities
 
 PASS = "pass"
 FAIL = "fail"
@@ -38,10 +38,10 @@ def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
     rule = get_rule(rule_id)
     if rule.kind == "validation":
         return "kvoracle input validation (checked by kvoracle's own tests, not per engine)"
-    if rule_id == "KV-LIFE-010" and capabilities.common_prefix != "zero":
-        return f"engine declares common_prefix={capabilities.common_prefix!r}"
-    if rule_id == "KV-LIFE-011" and capabilities.common_prefix != "cascade":
-        return f"engine declares common_prefix={capabilities.common_prefix!r}"
+    if rule_id in MODE_RULES:
+        name, value = MODE_RULES[rule_id]
+        if getattr(capabilities, name) != value:
+            return f"engine declares {name}={getattr(capabilities, name)!r}"
     missing = [name for name in rule.needs if not getattr(capabilities, name)]
     if missing:
         return "engine does not claim " + ", ".join(missing)

@@ -307,17 +307,19 @@ class OneGroupJudge:
         check("KV-LIFE-009", step.request_id not in actual.block_tables,
               lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
         if self.capabilities.free_queue and self.capabilities.exact_block_ids:
-            forward = _forward_free_queue(before, step.request_id,
-                                          self.config.enable_caching)
+            release_rule = _RELEASE_RULE[self.capabilities.free_order]
+            forward = _forward_free_queue(before, step.request_id, self.config.enable_caching,
+                                          self.capabilities.free_order)
             if expected.free_queue == actual.free_queue:
-                check("KV-POOL-006", True)
+                check(release_rule, True)
                 if forward != expected.free_queue:  # the order was observable: it counts
                     check("KV-POOL-007", True)
             else:
-                rule_id = "KV-POOL-007" if actual.free_queue == forward else "KV-POOL-006"
+                rule_id = "KV-POOL-007" if actual.free_queue == forward else release_rule
                 check(rule_id, False, lambda: _diff("free queue after free",
                                                     expected.free_queue, actual.free_queue))
-        self._one_compare(expected, actual, _rules(free_queue="KV-POOL-006", default="KV-LIFE-009"))
+        self._one_compare(expected, actual, _rules(free_queue=_RELEASE_RULE[self.capabilities.free_order],
+                                                   default="KV-LIFE-009"))
 
     def _one_Evict(self, step: steps.Evict) -> None:
         before = self.call("observe")
@@ -391,7 +393,11 @@ def _state(observation: Observation, with_cache: bool = True) -> tuple:
             dict(observation.cached or {}) if with_cache else None)
 
 
-def _forward_free_queue(before: Observation, request_id: str, caching: bool
+#: The rule of each free order (the engine's ``free_order`` capability).
+_RELEASE_RULE = {"unhashed_first": "KV-POOL-006", "append": "KV-POOL-016"}
+
+
+def _forward_free_queue(before: Observation, request_id: str, caching: bool, free_order: str
                         ) -> tuple[int, ...] | None:
     """The free queue a *forward-order* free would give (to name KV-POOL-007 precisely)."""
     if before.free_queue is None or before.ref_counts is None:
@@ -407,6 +413,8 @@ def _forward_free_queue(before: Observation, request_id: str, caching: bool
         if remaining[block_id] == 0:
             released.append(block_id)
             hashed.append(caching and block_id in keyed)
+    if free_order == "append":
+        return pool_spec.queue_after_append(before.free_queue, tuple(released))
     return pool_spec.queue_after_release(before.free_queue, tuple(released), tuple(hashed))
 
 

@@ -1,0 +1,111 @@
+"""The free order is a declared refinement: KV-POOL-006 (unhashed blocks to the front, vLLM 0.23
+and later) or KV-POOL-016 (every freed block to the back, vLLM 0.14 to 0.22).
+
+An engine declares its order with the ``free_order`` capability; the reference then frees the
+same way, so every other rule keeps being judged in lockstep, and the order itself is judged
+by the rule of the declared mode only.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoracle.conformance.engines.reference import ReferenceEngine
+from kvoracle.conformance.harness import RunOptions, run_suite
+from kvoracle.conformance.harness.capabilities import Capabilities
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.verdicts import RuleViolation, applicability
+from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
+from kvoracle.conformance.steps import AddRequest, Configure, Free, Schedule
+from kvoracle.reference import ManagerConfig
+from kvoracle.spec import block_pool as pool_spec
+
+
+class AppendOrderReference(ReferenceEngine):
+    """The reference freeing in the append order, and saying so."""
+
+    name = "reference-append-order"
+
+    def __init__(self) -> None:
+        super().__init__(free_order="append")
+
+
+class ClaimsAppendFreesUnhashedFirst(ReferenceEngine):
+    """Declares the append order but frees unhashed blocks to the front."""
+
+    name = "broken-claims-append"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(free_order="append", kv_cache_groups=True, hash_block_views=True,
+                            skipped_tokens=True)
+
+
+class ClaimsUnhashedFirstAppends(AppendOrderReference):
+    """Declares the unhashed-first order (the default) but appends every freed block."""
+
+    name = "broken-claims-unhashed-first"
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(kv_cache_groups=True, hash_block_views=True, skipped_tokens=True)
+
+
+class AppendOrderHybridLookup(ReferenceHybridLookup):
+    def __init__(self) -> None:
+        super().__init__(free_order="append")
+
+
+#: Two requests whose unhashed blocks are freed while a third block waits in the queue: the
+#: orders differ (block 2 ahead of block 1, or behind it).
+STEPS = [
+    Configure(ManagerConfig(num_blocks=4, block_size=2, max_model_len=4, hash_block_size=2,
+                            enable_caching=True, use_eagle=False)),
+    AddRequest("r0", (0,)),
+    Schedule("r0", 1),
+    Free("r0"),
+]
+
+
+def test_the_two_orders_are_the_spec_functions() -> None:
+    assert pool_spec.queue_after_release((3,), (1, 2), (False, True)) == (1, 3, 2)
+    assert pool_spec.queue_after_append((3,), (1, 2)) == (3, 1, 2)
+
+
+def test_only_the_rule_of_the_declared_order_applies() -> None:
+    append = Capabilities(free_order="append")
+    assert applicability("KV-POOL-006", append) == "engine declares free_order='append'"
+    assert applicability("KV-POOL-016", append) is None
+    assert applicability("KV-POOL-006", Capabilities()) is None
+    assert applicability("KV-POOL-016", Capabilities()) == "engine declares free_order='unhashed_first'"
+    with pytest.raises(ValueError, match="free_order must be one of"):
+        Capabilities(free_order="lifo")
+
+
+def test_the_reference_in_either_order_passes_the_free_steps() -> None:
+    for engine in ("reference", AppendOrderReference):
+        verdicts = replay("manager", engine, STEPS)
+        assert not any(o.failed_checks for o in verdicts.outcomes.values())
+    assert replay("manager", AppendOrderReference, STEPS).outcomes["KV-POOL-016"].checks > 0
+
+
+@pytest.mark.parametrize(("engine", "rule_id"), [(ClaimsAppendFreesUnhashedFirst, "KV-POOL-016"),
+                                                 (ClaimsUnhashedFirstAppends, "KV-POOL-006")])
+def test_an_engine_freeing_otherwise_than_it_declares_is_convicted(engine: type, rule_id: str) -> None:
+    with pytest.raises(RuleViolation) as caught:
+        replay("manager", engine, STEPS)
+    assert caught.value.rule_id == rule_id, caught.value
+
+
+def test_the_append_order_reference_passes_the_generated_manager_suite() -> None:
+    result = run_suite(AppendOrderReference, RunOptions(max_examples=60, replay_dir=None), suite="manager")
+    outcomes = {rule: o.outcome for rule, o in result.verdicts.outcomes.items()}
+    # (A bounded run leaves a few rare rules unexercised; none fails.)
+    assert set(outcomes.values()) <= {"pass", "not-applicable", "unexercised"}, outcomes
+    assert result.internal_errors == []
+    assert outcomes["KV-POOL-016"] == "pass"
+    assert outcomes["KV-POOL-006"] == "not-applicable"
+
+
+def test_the_append_order_reference_passes_the_hybrid_suite() -> None:
+    result = run_suite(AppendOrderHybridLookup, RunOptions(max_examples=30, replay_dir=None), suite="hybrid")
+    assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
+                       if o.outcome not in ("pass", "not-applicable")]
