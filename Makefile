@@ -11,7 +11,7 @@ TORCH_STAMP := $(VENV)/.kvoracle-torch-cpu
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: check test test-vllm lint crosshair clean
+.PHONY: check test test-vllm zoo lint crosshair clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -59,6 +59,11 @@ test-vllm: $(STAMP)
 		--json build/kvoracle-vllm-report.json
 	$(VENV_VLLM)/bin/kvoracle check --suite hybrid --engine vllm --max-examples 200 \
 		--json build/kvoracle-vllm-hybrid-report.json
+
+## The zoo (docs/zoo.md): historical vLLM bugs convicted on the releases that had them, one
+## cached virtual environment per release (ZOO_RELEASES="0.22.0 0.28.0" for some, =all for every one).
+zoo: $(STAMP)
+	bash scripts/zoo.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -411,7 +411,13 @@ class HybridDriver(Driver):
     def _LookUp(self, step: LookUp) -> None:
         assert self.setup is not None and self.engine is not None
         prompt = self.setup.prompts[step.prompt]
-        got = self.call("lookup", prompt, step.max_cache_hit_length)
+        # An EAGLE sliding window finer than the alignment is KV-SWA-010's case: an engine that
+        # fails looking it up fails there.
+        swa_fine_eagle = self.setup.use_eagle and any(
+            kind == spec.SLIDING_WINDOW and size != self.model.coordinator.config.scheduler_block_size
+            for kind, size, _ in self.setup.groups)
+        got = self.call("lookup", prompt, step.max_cache_hit_length,
+                        rule="KV-SWA-010" if swa_fine_eagle else None)
         want = self.model.lookup(prompt, step.max_cache_hit_length)
         spec_in = self._judge(prompt, step, got, want)
         # The optional observations, once the lookup itself passed (KV-HYB-011, KV-HYB-008). The
@@ -466,6 +472,12 @@ class HybridDriver(Driver):
                       lambda g=g, size=size, sg=sg: f"{sg.kind} group {g} answers "
                       f"{len(got.block_ids[g])} blocks of {size} tokens, beyond the hit of {hit} tokens")
         self._judge_length(got, spec_in, prompt)
+        # Null entries exactly where a look-ahead stopped at max_cache_hit_length puts them (the
+        # hit itself may agree): that look-ahead's rule, not the null layout's.
+        check("KV-HYB-007", not (config.use_eagle and not spec_in.reproduces(loop, got)
+                                 and spec_in.reproduces(spec_in.capped_margin, got)),
+              lambda: f"the null entries {[list(b) for b in got.block_ids]} are those of an EAGLE "
+                      f"look-ahead that stops at the bound {bound} instead of the hashed tokens")
         for sg, g in groups:
             index = coordinator.spec_groups.index(sg)
             kind, size, param, _ = flat[index]
@@ -537,6 +549,9 @@ class HybridDriver(Driver):
                       f"{len(got.num_tokens)} lengths; the config has {num_groups} groups")
         hits = spec.per_group_hits(spec_in.flat, spec_in.cached, spec_in.bound, spec_in.num_hashed,
                                    spec_in.alignment)
+        # The same lookups with the EAGLE look-ahead stopped at the bound (KV-HYB-007's cap).
+        capped = spec.per_group_hits(spec_in.flat, spec_in.cached, spec_in.bound, spec_in.bound,
+                                     spec_in.alignment)
         for index, group in enumerate(coordinator.spec_groups):
             kind, size, param, eagle = spec_in.flat[index]
             bound = spec_in.bound
@@ -556,6 +571,10 @@ class HybridDriver(Driver):
                       f"{got.num_tokens[g]} tokens {list(got.block_ids[g])}")
             for g in group.group_ids:
                 entries = got.block_ids[g]
+                check("KV-HYB-007", got.num_tokens[g] == hits[index] or got.num_tokens[g] != capped[index],
+                      lambda g=g, index=index: f"per-group lookup: group {g} hits {got.num_tokens[g]} tokens, "
+                      f"as an EAGLE look-ahead stopped at the bound {spec_in.bound} does; capped by the "
+                      f"{spec_in.num_hashed} hashed tokens it hits {hits[index]}")
                 check("KV-HYB-011", got.num_tokens[g] == hits[index] and len(entries) == n
                       and _null_pattern(entries) == nulls,
                       lambda g=g, entries=entries, index=index, kind=kind, size=size, bound=bound, n=n,

@@ -93,11 +93,12 @@ KV_HYB_002 = rule(
     "Equal specs form one spec group; full attention is looked up first",
     """Groups with equal specs are looked up together (a key hits only if cached in every
     member group) and report the same hit. Spec groups are ordered full attention first,
-    otherwise in group order.""",
+    otherwise in group order. A model of several groups sharing specs is a valid model: an
+    engine that refuses to configure it fails this rule (the manager suite's check).""",
     source=f"{COORD} HybridKVCacheCoordinator.verify_and_split_kv_cache_groups; "
            "vllm/v1/core/block_pool.py BlockPool.get_cached_block",
     chapter=CHAPTER,
-    judged_by=("hybrid",),
+    judged_by=("hybrid", "manager"),
 )
 KV_HYB_003 = rule(
     "KV-HYB-003",

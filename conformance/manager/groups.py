@@ -150,7 +150,12 @@ class GroupsJudge:
         self.running = set()
         #: Every request's hash units, kept after it finishes (its blocks may stay cached).
         self._hash_chains: dict[str, tuple[bytes, ...]] = {}
-        self.call("configure", config, rule="KV-HLC-001")
+        # A model whose groups share specs is one the engine must merge (KV-HYB-002): refusing
+        # it is that rule's failure, accepting it that rule's check.
+        shared = len(set(config.kv_cache_specs)) < len(config.kv_cache_specs)
+        self.call("configure", config, rule="KV-HYB-002" if shared else "KV-HLC-001")
+        if shared:
+            self.verdicts.check("KV-HYB-002", True)
         self._groups_judge(_rules("KV-POOL-012"))
 
     def _groups_AddRequest(self, step: steps.AddRequest) -> None:

@@ -1,0 +1,186 @@
+#!/usr/bin/env python
+"""The zoo: real historical bugs of vLLM's KV-cache manager, convicted on the releases that
+shipped them.
+
+Each entry of :data:`ZOO` is one bug: where it was reported or fixed, the releases that had
+it (read in each release's code), the rule that convicts it and the suite that judges that
+rule. Run with the Python of one release's environment (``scripts/install_vllm.sh`` with
+``VLLM_VERSION``; ``make zoo`` builds one per release)::
+
+    /path/to/venv-0.22.0/bin/python benchmarks/zoo.py --json build/zoo/0.22.0.json
+
+It runs every suite that judges a zoo rule against the installed release, once, and records
+for each rule the seconds until the runner reported it with a shrunk counterexample (the
+*time to conviction*: generation, both engines, every check and the shrinking), the
+counterexample's steps, and the run's other verdicts. A bug whose releases hold the installed
+one must be convicted; a bug fixed before it must not be (the *clean run*). ::
+
+    python benchmarks/zoo.py --summarize build/zoo/*.json    # the table of docs/zoo.md
+
+A benchmark script, not a test: it prints figures and what it saw, and exits 1 only when a
+bug is missed on a release that has it or charged on one that does not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+
+@attrs.frozen
+class Bug:
+    """One historical bug of the real engine."""
+
+    key: str
+    title: str
+    #: The releases that shipped it, as an expectations-file version range.
+    releases: str
+    #: The first release without it.
+    fixed_in: str
+    rule: str
+    suite: str
+    #: Where it was reported or fixed; "" when kvoracle found it (docs/zoo.md says how).
+    link: str
+    #: The code that had it, in the last release with it.
+    source: str
+    note: str = ""
+
+
+ZOO: tuple[Bug, ...] = (
+    Bug("vllm-32802", "The EAGLE drop spirals the hybrid hit down to 0",
+        ">=0.14.0,<0.20", "0.20.0", "KV-HYB-015", "hybrid",
+        "https://github.com/vllm-project/vllm/issues/32802",
+        "https://github.com/vllm-project/vllm/blob/v0.19.1/vllm/v1/core/kv_cache_coordinator.py",
+        "0.15.1 stops after one pass with one full-attention and one other spec group; with more "
+        "spec groups the loop still drops on every pass until 0.20.0 (verified set and look-ahead)"),
+    Bug("vllm-52828", "Only the first full-attention spec group is trimmed to the final hit",
+        ">=0.15.1,<0.29", "0.29.0", "KV-HYB-006", "hybrid",
+        "https://github.com/vllm-project/vllm/issues/52828",
+        "https://github.com/vllm-project/vllm/blob/v0.28.0/vllm/v1/core/kv_cache_coordinator.py"),
+    Bug("null-block-ref-count", "The null block's reference count drifts below 0",
+        "<0.33", "0.33.0", "KV-POOL-002", "manager", "",
+        "https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/v1/core/block_pool.py",
+        "free_blocks decrements the null block for every null entry of a table, touch increments "
+        "it for a null entry of a hit, and a sliding window's skipped blocks become null entries "
+        "with no increment: every skipped block sends the count one further below 0. 0.33 leaves "
+        "the null block out of both"),
+)
+
+
+def _version_in(version: str, releases: str) -> bool:
+    from kvoracle.conformance.harness.expectations import version_in_range
+    return version_in_range(version, releases)
+
+
+# -- one release -------------------------------------------------------------------------------
+def run_release(seed: int, max_examples: int) -> dict:
+    """Every suite judging a zoo rule, once, against the installed vLLM."""
+    import vllm
+    from bench_vllm import _REPORTED
+
+    from kvoracle.conformance.harness.runner import RunOptions, run_suite
+
+    version = str(vllm.__version__)
+    report: dict[str, Any] = {"vllm": version, "seed": seed, "max_examples": max_examples, "suites": {}}
+    for suite in sorted({bug.suite for bug in ZOO}):
+        convicted_at: dict[str, float] = {}
+
+        def progress(message: str, convicted_at: dict[str, float] = convicted_at) -> None:
+            reported = _REPORTED.match(message)
+            if reported:
+                convicted_at.setdefault(reported.group(1), time.perf_counter())
+
+        options = RunOptions(max_examples=max_examples, seed=seed, replay_dir=None)
+        start = time.perf_counter()
+        result = run_suite("vllm", options, progress=progress, suite=suite)
+        outcomes = result.verdicts.outcomes
+        report["suites"][suite] = {
+            "run_s": round(time.perf_counter() - start, 2),
+            "failing": sorted(r for r, o in outcomes.items() if o.outcome in ("fail", "error")),
+            "expected_fail": sorted(r for r, o in outcomes.items() if o.outcome == "expected-fail"),
+            "rules": {bug.rule: {
+                "outcome": outcomes[bug.rule].outcome,
+                "convicted_s": (round(convicted_at[bug.rule] - start, 2) if bug.rule in convicted_at else None),
+                "counterexample": _counterexample(outcomes[bug.rule]),
+            } for bug in ZOO if bug.suite == suite},
+        }
+    return report
+
+
+def _counterexample(outcome: Any) -> dict | None:
+    for example in [*outcome.counterexamples, *outcome.errors]:
+        return {"message": example.message, "steps": [repr(step) for step in example.steps]}
+    return None
+
+
+def verdict_of(bug: Bug, report: dict) -> tuple[bool, str]:
+    """(as it should be, what happened) for ``bug`` on the release of ``report``."""
+    has_bug = _version_in(report["vllm"], bug.releases)
+    rule = report["suites"][bug.suite]["rules"][bug.rule]
+    convicted = rule["outcome"] in ("fail", "error")
+    if has_bug:
+        return convicted, (f"convicted in {rule['convicted_s']} s" if convicted
+                           else f"MISSED ({rule['outcome']})")
+    return not convicted, "clean" if not convicted else f"CHARGED ({rule['outcome']})"
+
+
+# -- the summary -------------------------------------------------------------------------------
+def summarize(reports: list[dict]) -> tuple[str, bool]:
+    """The markdown table of docs/zoo.md, and whether every verdict is as it should be."""
+    from kvoracle.conformance.harness.expectations import version_in_range
+
+    def key(report: dict) -> tuple[int, ...]:
+        return tuple(int(p) for p in report["vllm"].split("+")[0].split(".") if p.isdigit())
+
+    reports = sorted(reports, key=key)
+    all_good = True
+    lines = ["| bug | rule | releases with it | " + " | ".join(r["vllm"] for r in reports) + " |",
+             "|---|---|---|" + "---|" * len(reports)]
+    for bug in ZOO:
+        cells = []
+        for report in reports:
+            good, what = verdict_of(bug, report)
+            all_good &= good
+            cells.append(what if version_in_range(report["vllm"], bug.releases) or not good else "clean")
+        lines.append(f"| {bug.key} | {bug.rule} | {bug.releases} | " + " | ".join(cells) + " |")
+    return "\n".join(lines), all_good
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--json", type=Path, help="write this release's report here")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--max-examples", type=int, default=150)
+    parser.add_argument("--summarize", nargs="+", type=Path, metavar="REPORT",
+                        help="print the table of these reports instead of running")
+    args = parser.parse_args(argv)
+    if args.summarize:
+        table, good = summarize([json.loads(path.read_text()) for path in args.summarize])
+        print(table)
+        return 0 if good else 1
+    report = run_release(args.seed, args.max_examples)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(report, indent=1) + "\n")
+    good = True
+    print(f"vLLM {report['vllm']}, seed {report['seed']}, {report['max_examples']} examples per round")
+    for bug in ZOO:
+        ok, what = verdict_of(bug, report)
+        good &= ok
+        print(f"  {bug.key:<24} {bug.rule:<12} {what}")
+    for suite, data in report["suites"].items():
+        print(f"  {suite}: {data['run_s']} s; failing {data['failing']}; expected-fail {data['expected_fail']}")
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
