@@ -137,7 +137,7 @@ KV_HYB_006 = rule(
     first) are cut to cdiv(hit_length, block_size) blocks.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (truncate every full group)",
     chapter=CHAPTER,
-    judged_by=("hybrid",),
+    judged_by=("hybrid", "manager"),
 )
 KV_HYB_007 = rule(
     "KV-HYB-007",

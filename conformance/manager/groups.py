@@ -313,6 +313,13 @@ class GroupsJudge:
             if kind == spec.CROSS_ATTENTION and g < len(actual.block_ids):
                 check("KV-CROSS-002", not actual.block_ids[g], lambda g=g: (
                     f"the lookup of {request_id} hits cross-attention group {g}: {list(actual.block_ids[g])}"))
+        if len(self.setup.groups) > 1:  # every full-attention group trimmed to the hit, first of all
+            for g, (kind, size, _) in enumerate(self.setup.groups):
+                if kind == spec.FULL and g < len(actual.block_ids):
+                    check("KV-HYB-006", len(actual.block_ids[g]) == cdiv(actual.num_tokens, size),
+                          lambda g=g, size=size: f"the lookup of {request_id}: full-attention group {g} "
+                          f"(block size {size}) has {len(actual.block_ids[g])} hit blocks for a hit of "
+                          f"{actual.num_tokens} tokens")
         rule_id = "KV-HYB-014" if len(self.setup.groups) == 1 else "KV-HYB-003"
         check(rule_id, actual.num_tokens == expected.num_tokens,
               lambda: _diff(f"hit length of {request_id}", expected.num_tokens, actual.num_tokens))

@@ -91,7 +91,7 @@ ONE_GROUP_ONLY = frozenset({
 #: Rules only a model of several groups reaches: those needing ``kv_cache_groups``, the hybrid
 #: lookup's and null layout's rules the groups' steps judge, and the block-size views of groups
 #: coarser than the hash blocks (one full-attention group is hashed at its block size).
-GROUPS_ONLY = frozenset({"KV-HASH-006", "KV-HYB-003", "KV-HYB-013"} | {
+GROUPS_ONLY = frozenset({"KV-HASH-006", "KV-HYB-002", "KV-HYB-003", "KV-HYB-006", "KV-HYB-013"} | {
     rule.id for rule in all_rules() if "kv_cache_groups" in rule.needs})
 
 
