@@ -11,7 +11,7 @@ TORCH_STAMP := $(VENV)/.kvoracle-torch-cpu
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: check test test-vllm zoo lint crosshair clean
+.PHONY: check test test-vllm test-vllm-release zoo lint crosshair clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,7 @@ test: $(STAMP) $(TORCH_STAMP)
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
 	bash scripts/crosshair_spec.sh
 	$(MAKE) test-vllm
+	$(MAKE) test-vllm-release
 
 VENV_VLLM ?= .venv-vllm
 # pytest-xdist workers for `make test` (auto: one per core; the tests that run kvoracle in
@@ -59,6 +60,13 @@ test-vllm: $(STAMP)
 		--json build/kvoracle-vllm-report.json
 	$(VENV_VLLM)/bin/kvoracle check --suite hybrid --engine vllm --max-examples 200 \
 		--json build/kvoracle-vllm-hybrid-report.json
+
+## One vLLM release other than 0.33 end to end: its environment, the manager and hybrid suites
+## with its expected differences, and the zoo's verdicts on it (its real bugs convicted, nothing
+## else failing).
+VLLM_OTHER_RELEASE ?= 0.28.0
+test-vllm-release: $(STAMP)
+	bash scripts/zoo.sh $(VLLM_OTHER_RELEASE)
 
 ## The zoo (docs/zoo.md): historical vLLM bugs convicted on the releases that had them, one
 ## cached virtual environment per release (ZOO_RELEASES="0.22.0 0.28.0" for some, =all for every one).

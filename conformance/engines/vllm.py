@@ -149,7 +149,7 @@ class VllmEngine:
         # The seed of the hash chain; with SHA-256 vLLM derives it from a fixed default
         # seed (or PYTHONHASHSEED), so it is the same on every call.
         v.utils.init_none_hash(v.sha256)
-        groups = [v.KVCacheGroupSpec([_layer_name(g)], vllm_spec(v, kv_spec))
+        groups = [v.KVCacheGroupSpec([_layer_name(g)], vllm_spec(v, kv_spec, groups_of.enable_caching))
                   for g, kv_spec in enumerate(groups_of.kv_cache_specs)]
         self.manager = new_manager(v, groups, groups_of.num_blocks,
                                    max_model_len=groups_of.max_model_len,

@@ -121,8 +121,9 @@ def _dtype(v: SimpleNamespace, num_bytes: int) -> Any:
     return dtypes[num_bytes]
 
 
-def vllm_spec(v: SimpleNamespace, kv_spec: KVCacheSpec) -> Any:
-    """vLLM's ``kv_cache_interface`` spec for one kvoracle spec (``v`` from :func:`_load`)."""
+def vllm_spec(v: SimpleNamespace, kv_spec: KVCacheSpec, caching: bool = True) -> Any:
+    """vLLM's ``kv_cache_interface`` spec for one kvoracle spec (``v`` from :func:`_load`), in a
+    manager with prefix caching on or off (``caching``)."""
     common = {"block_size": kv_spec.block_size, "num_kv_heads": kv_spec.num_kv_heads,
               "head_size": kv_spec.head_size, "dtype": _dtype(v, kv_spec.dtype_bytes),
               "page_size_padded": kv_spec.page_size_padded}
@@ -139,15 +140,16 @@ def vllm_spec(v: SimpleNamespace, kv_spec: KVCacheSpec) -> Any:
     if type(kv_spec) is CrossAttentionSpec:
         return call(v.version, v.CrossAttentionSpec, **common)
     if type(kv_spec) is MambaSpec:
-        # Releases before the cache modes (0.14) cache Mamba states at block ends, which is
-        # "align" mode; they have no prefill checkpoint blocks.
+        # Releases before the cache modes (0.14) keep Mamba states at block ends with prefix
+        # caching on, which is "align" mode, and the last state only with it off, which is
+        # "none"; they have no prefill checkpoint blocks.
         return call(
             v.version, v.MambaSpec, block_size=kv_spec.block_size, shapes=kv_spec.shapes,
             dtypes=tuple(_dtype(v, n) for n in kv_spec.state_dtype_bytes),
             page_size_padded=kv_spec.page_size_padded, mamba_cache_mode=kv_spec.mamba_cache_mode,
             num_speculative_blocks=kv_spec.num_speculative_blocks,
             num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks,
-            built_in={"mamba_cache_mode": "align", "num_prefill_checkpoint_blocks": 0})
+            built_in={"mamba_cache_mode": "align" if caching else "none", "num_prefill_checkpoint_blocks": 0})
     raise ValueError(f"the vLLM hybrid adapters do not translate {type(kv_spec).__name__}"
                      f"{' (MLA)' if getattr(kv_spec, 'use_mla', False) else ''}")
 
