@@ -67,13 +67,21 @@ ZOO: tuple[Bug, ...] = (
         ">=0.15.1,<0.29", "0.29.0", "KV-HYB-006", "hybrid",
         "https://github.com/vllm-project/vllm/issues/52828",
         "https://github.com/vllm-project/vllm/blob/v0.28.0/vllm/v1/core/kv_cache_coordinator.py"),
-    Bug("null-block-ref-count", "The null block's reference count drifts below 0",
-        "<0.33", "0.33.0", "KV-POOL-002", "manager", "",
-        "https://github.com/vllm-project/vllm/blob/v0.32.0/vllm/v1/core/block_pool.py",
-        "free_blocks decrements the null block for every null entry of a table, touch increments "
-        "it for a null entry of a hit, and a sliding window's skipped blocks become null entries "
-        "with no increment: every skipped block sends the count one further below 0. 0.33 leaves "
-        "the null block out of both"),
+    Bug("vllm-39528", "An EAGLE sliding window finer than the alignment crashes the lookup",
+        ">=0.14.0,<0.19.1", "0.19.1", "KV-SWA-010", "hybrid",
+        "https://github.com/vllm-project/vllm/issues/39528",
+        "https://github.com/vllm-project/vllm/blob/v0.19.0/vllm/v1/core/single_type_kv_cache_manager.py",
+        "SlidingWindowManager.find_longest_cache_hit asserts block_size == alignment_tokens with "
+        "EAGLE ('aligned_length is not compatible with eagle now'); a hybrid model whose window "
+        "group has a smaller block than another group cannot look anything up"),
+    Bug("vllm-51482", "With prefix caching off, freed blocks are reused last instead of first",
+        ">=0.27.0,<0.28", "0.28.0", "KV-POOL-006", "manager",
+        "https://github.com/vllm-project/vllm/pull/51482",
+        "https://github.com/vllm-project/vllm/blob/v0.27.1/vllm/v1/core/block_pool.py",
+        "PR #48017 (a no-op, it said) merged the two conditions of free_blocks into `block_hash is "
+        "None and enable_caching`: with caching off every freed block went to the back of the "
+        "free queue (FIFO) instead of the front; #51482 restored it after a TPU core halt was "
+        "bisected to it"),
 )
 
 

@@ -56,8 +56,9 @@ def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observat
     in_tables = Counter(b for entries in tables.values() for table in entries for b in table
                         if b != NULL_BLOCK_ID)
     if counts is not None:
-        check("KV-POOL-002", len(counts) == num_blocks and counts[0] == 0,
-              lambda: f"null block ref count {counts[0] if counts else None}")
+        check("KV-POOL-002", len(counts) == num_blocks,
+              lambda: f"{len(counts)} reference counts for {num_blocks} blocks")
+        check("KV-POOL-017", counts[0] == 0, lambda: f"null block ref count {counts[0]}")
         occurrences = tuple(in_tables.get(i, 0) for i in range(num_blocks))
         check("KV-POOL-011", pool_spec.refcounts_balanced(tuple(counts), occurrences),
               lambda: "ref counts " + str({i: (c, occurrences[i]) for i, c in enumerate(counts)

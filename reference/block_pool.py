@@ -81,7 +81,7 @@ def _released_in_order(pool: BlockPool, blocks: Sequence[KVCacheBlock]
 
 @icontract.invariant(lambda self: self.null_block.block_id == 0 and self.null_block.is_null
                      and self.null_block.ref_cnt == 0 and self.null_block.cache_key is None,
-                     "KV-POOL-001/KV-POOL-002: block 0 is the null block, never counted or hashed",
+                     "KV-POOL-001/KV-POOL-002/KV-POOL-017: block 0 is the null block, never counted or hashed",
                      enabled=ENABLED)
 @icontract.invariant(lambda self: _free_iff_unreferenced(self),
                      "KV-POOL-010: a non-null block is in the free queue iff its ref count is 0",

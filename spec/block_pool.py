@@ -59,8 +59,8 @@ KV_POOL_001 = rule(
 KV_POOL_002 = rule(
     "KV-POOL-002",
     "The null block is immune",
-    """The null block is never ref-counted (its count stays 0), never hashed or cached,
-    and never freed: touch and free skip it.""",
+    """The null block is never hashed or cached and never freed into the free queue: touch
+    and free skip it. That its reference count stays 0 is KV-POOL-017.""",
     source=f"{POOL} BlockPool.touch, free_blocks, cache_full_blocks (skip is_null)",
     chapter=CHAPTER,
     needs=("ref_counts",),
@@ -198,6 +198,18 @@ KV_POOL_015 = rule(
     needs=("cache_map",),
     judged_by=("manager",),
 )
+KV_POOL_017 = rule(
+    "KV-POOL-017",
+    "The null block's reference count stays 0",
+    """Nothing counts references to the null block: touch does not increment it for a null
+    entry of a hit, free_blocks does not decrement it for a null entry of a table, so its
+    count is 0 whatever the tables hold (split from KV-POOL-002, which keeps the null block
+    out of the cache and the free queue).""",
+    source=f"{POOL} BlockPool.touch, free_blocks (skip is_null)",
+    chapter=CHAPTER,
+    needs=("ref_counts",),
+    judged_by=("manager",),
+)
 KV_POOL_016 = rule(
     "KV-POOL-016",
     "Freeing in append order: every released block to the back",
@@ -277,12 +289,11 @@ def free_iff_unreferenced(ref_counts: tuple[int, ...], in_free_queue: tuple[bool
 
 
 @icontract.require(lambda ref_counts, table_occurrences: len(ref_counts) == len(table_occurrences), enabled=ENABLED)
-@defines(KV_POOL_011, KV_POOL_002)
+@defines(KV_POOL_011)
 def refcounts_balanced(ref_counts: tuple[int, ...], table_occurrences: tuple[int, ...]) -> bool:
-    """Each non-null block's count equals its number of block-table occurrences; null is 0."""
-    if not ref_counts:
-        return True
-    return ref_counts[0] == 0 and ref_counts[1:] == table_occurrences[1:]
+    """Each non-null block's count equals its number of block-table occurrences (the null
+    block's own count is KV-POOL-017's)."""
+    return ref_counts[1:] == table_occurrences[1:]
 
 
 @icontract.require(lambda num_blocks: num_blocks >= 2, enabled=ENABLED)

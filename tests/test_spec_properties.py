@@ -84,6 +84,7 @@ TESTED = {
     "hashing.prefixes_share_hash",
     "block_pool.pop_front",
     "block_pool.queue_after_release",
+    "block_pool.queue_after_append",
     "block_pool.free_order",
     "block_pool.queue_after_touch",
     "block_pool.free_iff_unreferenced",
@@ -533,6 +534,20 @@ def test_queue_after_release(case) -> None:
     assert list(all_front) == list(released) + list(queue)
 
 
+
+@SETTINGS
+@given(queue_and_released())
+def test_queue_after_append(case) -> None:
+    queue, released, hashed = case
+    result = block_pool.queue_after_append(queue, released)
+    # Every block exactly once, the queue kept in front and the freed blocks behind it in the
+    # order given, hashed or not (KV-POOL-016).
+    assert Counter(result) == Counter(queue) + Counter(released)
+    assert list(result[:len(queue)]) == list(queue) and list(result[len(queue):]) == list(released)
+    # The two orders agree exactly when every freed block is hashed.
+    if all(hashed):
+        assert result == block_pool.queue_after_release(queue, released, hashed)
+
 @SETTINGS
 @given(st.lists(st.integers(min_value=0, max_value=8), max_size=16).map(tuple))
 def test_free_order(table) -> None:
@@ -581,11 +596,13 @@ def test_refcounts_balanced(state, data) -> None:
     ref_counts, _ = state
     n = len(ref_counts)
     occurrences = tuple(data.draw(st.lists(st.integers(0, 3), min_size=n, max_size=n)))
-    expected = all(ref_counts[i] == (0 if i == 0 else occurrences[i]) for i in range(n))
+    expected = all(ref_counts[i] == occurrences[i] for i in range(1, n))
     assert block_pool.refcounts_balanced(ref_counts, occurrences) == expected
-    # A balanced pool: counts taken from the occurrences, null block at 0.
+    # A balanced pool: counts taken from the occurrences, whatever the null block's count
+    # (KV-POOL-017 judges that one).
     if n:
-        assert block_pool.refcounts_balanced((0, *occurrences[1:]), occurrences)
+        null_count = data.draw(st.integers(-3, 3))
+        assert block_pool.refcounts_balanced((null_count, *occurrences[1:]), occurrences)
 
 
 @SETTINGS

@@ -83,6 +83,7 @@ def _load_vllm() -> SimpleNamespace:
         from vllm.sampling_params import SamplingParams
         from vllm.utils.hashing import sha256
         from vllm.v1.core import kv_cache_utils
+        from vllm.v1.core.block_pool import BlockPool
         from vllm.v1.core.kv_cache_coordinator import KVCacheCoordinator
         from vllm.v1.core.kv_cache_manager import KVCacheManager
         from vllm.v1.core.single_type_kv_cache_manager import SingleTypeKVCacheManager
@@ -96,7 +97,7 @@ def _load_vllm() -> SimpleNamespace:
     _VLLM = SimpleNamespace(
         version=version, torch=torch, SamplingParams=SamplingParams, sha256=sha256,
         utils=kv_cache_utils, KVCacheManager=KVCacheManager, KVCacheCoordinator=KVCacheCoordinator,
-        SingleTypeKVCacheManager=SingleTypeKVCacheManager,
+        SingleTypeKVCacheManager=SingleTypeKVCacheManager, BlockPool=BlockPool,
         FullAttentionSpec=FullAttentionSpec, KVCacheConfig=KVCacheConfig,
         KVCacheGroupSpec=KVCacheGroupSpec, Request=Request, RequestStatus=RequestStatus)
     return _VLLM
@@ -321,10 +322,14 @@ def new_manager(v: SimpleNamespace, groups: list[Any], num_blocks: int, *,
 def free_order(v: SimpleNamespace) -> str:
     """How the release's ``BlockPool.free_blocks`` returns blocks to the free queue.
 
-    vLLM 0.23 began reusing unhashed blocks first and gave the free queue ``prepend_n`` for it
-    (KV-POOL-006); the releases before append every freed block (KV-POOL-016).
+    vLLM 0.24 began reusing unhashed blocks first (KV-POOL-006); the releases before append
+    every freed block (KV-POOL-016). 0.23 has the queue's ``prepend_n`` already, but its
+    ``free_blocks`` appends unless a caller passes ``prepend=True``, which freeing a request
+    does not.
     """
-    return "unhashed_first" if hasattr(v.utils.FreeKVCacheBlockQueue, "prepend_n") else "append"
+    queue_prepends = hasattr(v.utils.FreeKVCacheBlockQueue, "prepend_n")
+    caller_decides = takes(v.BlockPool.free_blocks, "prepend")
+    return "unhashed_first" if queue_prepends and not caller_decides else "append"
 
 
 def scheduler_block_size_of(groups: Sequence[Any]) -> int:
