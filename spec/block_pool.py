@@ -216,9 +216,9 @@ KV_POOL_016 = rule(
     """The refinement of KV-POOL-006 for an engine that declares the append free order
     (capability ``free_order="append"``): free_blocks decrements each non-null block's count
     and appends the blocks that reach 0 to the back of the free queue in the given order,
-    hashed or not, caching on or off. vLLM did so before 0.23, which started reusing
+    hashed or not, caching on or off. vLLM did so before 0.24, which started reusing
     unhashed blocks first (last in, first out) for locality on the GPU.""",
-    source=f"{POOL} BlockPool.free_blocks (vLLM 0.14-0.22: free_block_queue.append_n)",
+    source=f"{POOL} BlockPool.free_blocks (vLLM 0.14-0.23: free_block_queue.append_n)",
     chapter=CHAPTER,
     needs=("exact_block_ids", "free_queue"),
     judged_by=("manager",),

@@ -1,5 +1,5 @@
-"""The free order is a declared refinement: KV-POOL-006 (unhashed blocks to the front, vLLM 0.23
-and later) or KV-POOL-016 (every freed block to the back, vLLM 0.14 to 0.22).
+"""The free order is a declared refinement: KV-POOL-006 (unhashed blocks to the front, vLLM 0.24
+and later) or KV-POOL-016 (every freed block to the back, vLLM 0.14 to 0.23).
 
 An engine declares its order with the ``free_order`` capability; the reference then frees the
 same way, so every other rule keeps being judged in lockstep, and the order itself is judged

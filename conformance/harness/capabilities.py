@@ -51,7 +51,7 @@ class Capabilities:
     #: ``zero``: vLLM >= 0.x deprecation (KV-LIFE-010); ``cascade``: KV-LIFE-011.
     common_prefix: str = attrs.field(default="zero")
     #: ``unhashed_first``: freed unhashed blocks go to the front of the free queue (KV-POOL-006,
-    #: vLLM 0.23 and later); ``append``: every freed block goes to the back (KV-POOL-016).
+    #: vLLM 0.24 and later); ``append``: every freed block goes to the back (KV-POOL-016).
     free_order: str = attrs.field(default="unhashed_first")
     #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
     kv_data: bool = False
