@@ -67,6 +67,14 @@ ZOO: tuple[Bug, ...] = (
         ">=0.15.1,<0.29", "0.29.0", "KV-HYB-006", "hybrid",
         "https://github.com/vllm-project/vllm/issues/52828",
         "https://github.com/vllm-project/vllm/blob/v0.28.0/vllm/v1/core/kv_cache_coordinator.py"),
+    Bug("vllm-43559", "Mamba gets the EAGLE look-ahead, never drops it, and the hit outgrows full attention",
+        ">=0.20.0,<0.26", "0.26.0", "KV-MAMBA-002", "hybrid",
+        "https://github.com/vllm-project/vllm/issues/43559",
+        "https://github.com/vllm-project/vllm/blob/v0.25.1/vllm/v1/core/kv_cache_coordinator.py",
+        "0.20.0's loop gave every EAGLE group the look-ahead, Mamba included; Mamba's finder never "
+        "drops, so its answer is a block past the candidate, the candidate grows, and the request "
+        "counts a block as computed that full attention does not hold (silent wrong output; "
+        "tool-use accuracy 90% -> 50% in the report)"),
     Bug("vllm-39528", "An EAGLE sliding window finer than the alignment crashes the lookup",
         ">=0.14.0,<0.19.1", "0.19.1", "KV-SWA-010", "hybrid",
         "https://github.com/vllm-project/vllm/issues/39528",

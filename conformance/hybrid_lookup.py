@@ -27,6 +27,8 @@ counterexample, so the specific rules come before the catch-all):
   window). An answer of the kind at another bound is the loop's to judge;
 * KV-HYB-002: the groups of one spec group, each answering its kind, answer alike (as
   many entries, nulls in the same places);
+* KV-MAMBA-002 first where the whole answer is exactly that of a loop giving a Mamba group
+  the EAGLE look-ahead (vLLM #43559: the hit outgrows what full attention holds);
 * KV-HYB-006: every full-attention group has exactly cdiv(hit, block_size) entries;
 * KV-MAMBA-002 / KV-HYB-004: no other group's entries reach beyond the hit;
 * the hit length against the spec's fixed point (:func:`kvoracle.spec.hybrid.fixed_point`).
@@ -457,6 +459,13 @@ class HybridDriver(Driver):
                       f"and {list(got.block_ids[g])}: the groups of a spec group report the same hit "
                       f"(as many entries, null entries (id {NULL_BLOCK_ID}) in the same places)")
         groups = [(sg, g) for sg in coordinator.spec_groups for g in sg.group_ids]
+        # An answer exactly that of a loop giving Mamba the EAGLE look-ahead (its hit grows past
+        # what full attention holds) is KV-MAMBA-002's, before the full groups' trim is judged.
+        check("KV-MAMBA-002", not (config.use_eagle and any(sg.kind == spec.MAMBA for sg in coordinator.spec_groups)
+                                   and not spec_in.reproduces(loop, got)
+                                   and any(spec_in.reproduces(m, got) for m in spec_in.mamba_margin_loops)),
+              lambda: f"hit {hit} tokens: the answer of a loop that looks the Mamba group up one block past "
+                      f"the candidate (it never drops it); the spec's is {loop[0]}")
         for sg, g in groups:  # KV-HYB-006 before KV-HYB-004: a full group's surplus is its rule
             if sg.kind == spec.FULL:
                 size = sg.kv_cache_spec.block_size
@@ -779,6 +788,13 @@ class _SpecInputs:
         """The loop whose EAGLE look-ahead is capped by the bound, not the hashed tokens."""
         return spec.fixed_point(self.flat, self.cached, self.bound, self.num_hashed, self.alignment,
                                 margin_cap="max_length")
+
+    @functools.cached_property
+    def mamba_margin_loops(self) -> tuple[tuple, ...]:
+        """The loops giving a Mamba group the EAGLE look-ahead, capped by the hashed tokens or
+        by the bound (vLLM 0.20 to 0.25 capped it by the bound)."""
+        return tuple(spec.fixed_point(self.flat, self.cached, self.bound, self.num_hashed, self.alignment,
+                                      margin_cap=cap, mamba_margin=True) for cap in ("hashed", "max_length"))
 
     @functools.cached_property
     def spiral(self) -> tuple:

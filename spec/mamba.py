@@ -53,7 +53,9 @@ KV_MAMBA_002 = rule(
     "A Mamba group neither drops an EAGLE block nor gets the EAGLE margin",
     """The Mamba finder ignores the EAGLE drop, and the hybrid coordinator looks a Mamba
     group up at the current candidate length (no extra block): a Mamba group never answers
-    longer than the candidate (issue #43559).""",
+    longer than the candidate (issue #43559: vLLM 0.20 to 0.25 gave it the look-ahead, and
+    the hit outgrew what full attention holds; the hybrid suite charges an answer that is
+    exactly such a loop's, ``fixed_point(..., mamba_margin=True)``, to this rule).""",
     source=f"{STKV} MambaManager.find_longest_cache_hit; {COORD} find_longest_cache_hit "
            "(no eagle margin for MambaSpec)",
     chapter=CHAPTER,
