@@ -82,14 +82,6 @@ ZOO: tuple[Bug, ...] = (
         "SlidingWindowManager.find_longest_cache_hit asserts block_size == alignment_tokens with "
         "EAGLE ('aligned_length is not compatible with eagle now'); a hybrid model whose window "
         "group has a smaller block than another group cannot look anything up"),
-    Bug("vllm-51482", "With prefix caching off, freed blocks are reused last instead of first",
-        ">=0.27.0,<0.28", "0.28.0", "KV-POOL-006", "manager",
-        "https://github.com/vllm-project/vllm/pull/51482",
-        "https://github.com/vllm-project/vllm/blob/v0.27.1/vllm/v1/core/block_pool.py",
-        "PR #48017 (a no-op, it said) merged the two conditions of free_blocks into `block_hash is "
-        "None and enable_caching`: with caching off every freed block went to the back of the "
-        "free queue (FIFO) instead of the front; #51482 restored it after a TPU core halt was "
-        "bisected to it"),
 )
 
 
