@@ -50,9 +50,8 @@ minor="${minor%%.*}"   # 14 for 0.14.1
 
 # --- What every release imports at import time. ---------------------------------------
 packages=(
-    packaging numpy psutil "pyzmq>=25" urllib3 regex msgspec "pydantic>=2.12" cbor2 blake3
-    pybase64 cachetools cloudpickle uvloop py-cpuinfo "prometheus_client>=0.18"
-    partial-json-parser
+    packaging numpy psutil "pyzmq>=25" urllib3 regex msgspec "pydantic>=2.12" cbor2
+    pybase64 cachetools cloudpickle py-cpuinfo "prometheus_client>=0.18"
 )
 
 # --- Per release (case on the minor version): what differs. -----------------------------
@@ -71,8 +70,9 @@ case "$minor" in
 esac
 packages+=("${tvm_ffi[@]}")
 
-# transformers: 5.x removed APIs that releases before 0.20 import (0.19.1 allows 5.5.3+,
-# 0.19.0 does not); from 0.20 on vLLM excludes 5.0 to 5.5.0, and 5.21 breaks its imports.
+# transformers: 4.x before 0.20 (0.19.0 requires <5; 0.19.1 would allow 5.5.3+); from 0.20
+# on 5.x (vLLM excludes 5.0 to 5.5.0), capped below 5.21 as 0.33 caps it: newer ones are
+# not what these releases were tested with (0.28 still imports with 5.24).
 case "$minor" in
     1[4-9]) packages+=("transformers>=4.56,<5") ;;
     2[0-8]) packages+=("transformers>=5.5.3,<5.21") ;;
@@ -102,11 +102,17 @@ case "$minor" in
     *) packages+=("oss-harmony>=0.0.11") ;;
 esac
 
-# fastapi: capped from 0.23 on; from 0.24 on 0.133+ with starlette 1.x.
+# fastapi: 0.14 imports it through its OpenAI protocol module, 0.30 on again (with
+# partial-json-parser); 0.15 to 0.29 import neither.
 case "$minor" in
-    1[4-9] | 2[0-2]) packages+=("fastapi>=0.115") ;;
-    23) packages+=("fastapi>=0.115,<0.137") ;;
-    *) packages+=("fastapi>=0.133,<0.137" "starlette>=1.0.1") ;;
+    14) packages+=("fastapi>=0.115") ;;
+    3[0-3]) packages+=("fastapi>=0.133,<0.137" "starlette>=1.0.1" partial-json-parser) ;;
+esac
+
+# blake3 (multimodal hasher) only 0.14 imports at import time; uvloop 0.19 on.
+case "$minor" in
+    14) packages+=(blake3) ;;
+    19 | 2[0-9] | 3[0-3]) packages+=(uvloop) ;;
 esac
 
 # aiohttp, requests, pillow: 0.32 and 0.33 raise the floors.
@@ -118,7 +124,7 @@ esac
 
 # Imported at import time by older releases only: gguf (by transformers_utils), until 0.23;
 # diskcache (by v1.structured_output.utils, lazily from 0.20 on), until 0.19;
-# mistral_common, until 0.16.
+# mistral_common (by vllm.tokenizers.mistral), until 0.16.
 case "$minor" in
     1[4-6]) packages+=("gguf>=0.17" "diskcache==5.6.3" "mistral_common>=1.8.8") ;;
     1[7-9]) packages+=("gguf>=0.17" "diskcache==5.6.3") ;;
@@ -129,7 +135,7 @@ esac
 mapfile -t test_pins < <(grep -E '^(pytest|hypothesis|attrs|icontract)==' requirements-dev.txt)
 
 # Exits 0 when the environment holds the wanted vLLM, importable with every module
-# kvoracle's vLLM engines use, on a CPU torch. Prints where vLLM keeps sha256.
+# kvoracle's vLLM engines use, on a CPU torch.
 check_vllm() {
     "$1" - "$VLLM_VERSION" <<'EOF'
 import sys
@@ -145,10 +151,7 @@ from vllm.v1.request import Request, RequestStatus
 import vllm.v1.core.block_pool
 import vllm.v1.core.kv_cache_coordinator
 import vllm.v1.core.single_type_kv_cache_manager
-try:
-    from vllm.utils.hashing import sha256
-except ImportError:
-    from vllm.utils import sha256
+from vllm.utils.hashing import sha256  # there in every release from 0.14.0 on
 assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
 assert vllm.__version__ == sys.argv[1], f"vllm {vllm.__version__}, not {sys.argv[1]}"
 print(f"vllm {vllm.__version__} with torch {torch.__version__} (sha256 in {sha256.__module__}): OK")
@@ -178,6 +181,8 @@ fi
 if [[ ! -x "$py" ]]; then
     echo "creating $VENV_VLLM"
     "$PYTHON" -m venv "$VENV_VLLM"
+    # git ignores it wherever it lies (as venv does itself from Python 3.13 on).
+    echo '*' > "$VENV_VLLM/.gitignore"
 fi
 pip=("$py" -m pip install --disable-pip-version-check)
 
