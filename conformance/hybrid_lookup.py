@@ -401,8 +401,7 @@ class HybridDriver(Driver):
         self.model.configure(config)
         self.new_engine()
         # An engine refusing a model whose groups share specs fails to merge them (KV-HYB-002).
-        merged = self.model.coordinator is not None and len(self.model.coordinator.spec_groups) < len(step.groups)
-        self.call("configure", config, rule="KV-HYB-002" if merged else None)
+        self.call("configure", config, rule="KV-HYB-002" if config.shares_specs else None)
 
     def _Seed(self, step: Seed) -> None:
         assert self.setup is not None and self.engine is not None

@@ -56,17 +56,15 @@ def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observat
     in_tables = Counter(b for entries in tables.values() for table in entries for b in table
                         if b != NULL_BLOCK_ID)
     if counts is not None:
-        check("KV-POOL-002", len(counts) == num_blocks,
-              lambda: f"{len(counts)} reference counts for {num_blocks} blocks")
-        check("KV-POOL-017", counts[0] == 0, lambda: f"null block ref count {counts[0]}")
+        check("KV-POOL-017", pool_spec.null_count_untouched(tuple(counts)),
+              lambda: f"null block ref count {counts[0]}")
         occurrences = tuple(in_tables.get(i, 0) for i in range(num_blocks))
-        check("KV-POOL-011", pool_spec.refcounts_balanced(tuple(counts), occurrences),
-              lambda: "ref counts " + str({i: (c, occurrences[i]) for i, c in enumerate(counts)
-                                           if i and c != occurrences[i]})
-              + " (count, table occurrences)")
+        check("KV-POOL-011", len(counts) == num_blocks and pool_spec.refcounts_balanced(tuple(counts), occurrences),
+              lambda: f"{len(counts)} reference counts for {num_blocks} blocks" if len(counts) != num_blocks
+              else "ref counts " + str({i: (c, occurrences[i]) for i, c in enumerate(counts)
+                                        if i and c != occurrences[i]}) + " (count, table occurrences)")
     if queue is not None:
-        if not isinstance(config, ManagerConfig):
-            check("KV-POOL-002", NULL_BLOCK_ID not in queue, lambda: f"the null block is in the free queue {queue}")
+        check("KV-POOL-002", NULL_BLOCK_ID not in queue, lambda: f"the null block is in the free queue {queue}")
         check("KV-POOL-012", observation.num_free_blocks == len(queue),
               lambda: f"{observation.num_free_blocks} free blocks but a queue of {len(queue)}")
         check("KV-POOL-010", len(set(queue)) == len(queue),

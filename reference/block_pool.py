@@ -80,7 +80,7 @@ def _released_in_order(pool: BlockPool, blocks: Sequence[KVCacheBlock]
 
 
 @icontract.invariant(lambda self: self.null_block.block_id == 0 and self.null_block.is_null
-                     and self.null_block.ref_cnt == 0 and self.null_block.cache_key is None,
+                     and spec.null_count_untouched((self.null_block.ref_cnt,)) and self.null_block.cache_key is None,
                      "KV-POOL-001/KV-POOL-002/KV-POOL-017: block 0 is the null block, never counted or hashed",
                      enabled=ENABLED)
 @icontract.invariant(lambda self: _free_iff_unreferenced(self),
@@ -183,7 +183,7 @@ class BlockPool:
     def touch(self, blocks: Iterable[KVCacheBlock]) -> None:
         for block in blocks:
             if block.is_null:
-                continue  # KV-POOL-002
+                continue  # KV-POOL-002, KV-POOL-017
             if block.ref_cnt == 0:
                 self.free_queue.remove(block)
             block.ref_cnt += 1
@@ -208,7 +208,7 @@ class BlockPool:
         evict_last: list[KVCacheBlock] = []
         for block in blocks:
             if block.is_null:
-                continue  # KV-POOL-002
+                continue  # KV-POOL-002, KV-POOL-017
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
                 unhashed = (block.cache_key is None and block.partial_key is None) or not self.enable_caching

@@ -107,6 +107,12 @@ class HybridConfig:
         """KV-HYB-001: the LCM of the groups' block sizes, the hit alignment."""
         return spec.scheduler_block_size(tuple(s.block_size for s in self.kv_cache_specs))
 
+    @property
+    def shares_specs(self) -> bool:
+        """KV-HYB-002: some groups that are looked up have equal specs, and form one spec group."""
+        looked_up = [s for s in self.kv_cache_specs if _lookup_kind(s) is not None]
+        return len(set(looked_up)) < len(looked_up)
+
 
 @attrs.frozen
 class SpecGroup:

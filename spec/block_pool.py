@@ -63,7 +63,7 @@ KV_POOL_002 = rule(
     and free skip it. That its reference count stays 0 is KV-POOL-017.""",
     source=f"{POOL} BlockPool.touch, free_blocks, cache_full_blocks (skip is_null)",
     chapter=CHAPTER,
-    needs=("ref_counts",),
+    needs=("free_queue",),
     judged_by=("manager",),
 )
 KV_POOL_003 = rule(
@@ -286,6 +286,12 @@ def free_iff_unreferenced(ref_counts: tuple[int, ...], in_free_queue: tuple[bool
     if in_free_queue[0]:
         return False
     return all((count == 0) == free for count, free in zip(ref_counts[1:], in_free_queue[1:]))
+
+
+@defines(KV_POOL_017)
+def null_count_untouched(ref_counts: tuple[int, ...]) -> bool:
+    """The null block's (block 0's) reference count is 0; an empty pool has none to check."""
+    return not ref_counts or ref_counts[0] == 0
 
 
 @icontract.require(lambda ref_counts, table_occurrences: len(ref_counts) == len(table_occurrences), enabled=ENABLED)

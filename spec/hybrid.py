@@ -239,7 +239,8 @@ KV_HYB_015 = rule(
     verified; the loop never drops again from what a drop left. A coordinator that drops
     on every pass of the fixed-point loop, with no look-ahead to make up for it, shrinks the
     candidate by a block per pass while every group still accepts, down to 0 (vLLM issue
-    #32802, releases 0.14.0 to 0.15.0). The hybrid suite charges an EAGLE hit to this rule
+    #32802: releases 0.14.0 to 0.19.1; 0.15.1 stopped it only for one full-attention and one
+    other spec group, 0.20.0 for all). The hybrid suite charges an EAGLE hit to this rule
     when the engine's whole answer is exactly that loop's (``fixed_point(..., redrop=True)``)
     and differs from the spec's.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified); "

@@ -20,7 +20,7 @@ Finder = Callable[[str, tuple[bool, ...], int, int, int, bool, int], int]
 def broken_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, alignment, *,
                        finder: Finder = spec.group_hit_length, one_pass: bool = True,
                        drop_every_pass: bool = False, mamba_margin: bool = False,
-                       longest_per_pass: bool = False):
+                       longest_per_pass: bool = False, margin_cap_at_bound: bool = False):
     """The spec's loop (without its ``ideal`` mode), with the same five results.
 
     ``finder``: each group's answer (the kind's hit rule). ``one_pass=False``: no KV-HYB-005
@@ -30,6 +30,8 @@ def broken_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, 
     Mamba group is looked up one block past the candidate like the other EAGLE groups
     (#43559). ``longest_per_pass``: the longest candidate is taken once per pass instead of
     after each group's answer (the uncached count comes out too small).
+    ``margin_cap_at_bound``: the look-ahead is capped by ``max_cache_hit_length`` instead of
+    the hashed tokens (vLLM 0.20 to 0.31; an EAGLE hit at the bound loses its last block).
     """
     order = spec.lookup_order(tuple(kind for kind, _, _, _ in groups))
     simple = one_pass and spec.single_pass(tuple(kind for kind, _, _, _ in groups))
@@ -49,7 +51,8 @@ def broken_fixed_point(groups, cached, max_cache_hit_length, num_hashed_tokens, 
             drop = eagle and (drop_every_pass or g not in verified)
             margin = size if mamba_margin and kind == spec.MAMBA else spec.eagle_margin(kind, size)
             margin = 0 if drop_every_pass else margin
-            bound = min(candidate + margin, num_hashed_tokens) if drop and margin else candidate
+            cap = max_cache_hit_length if margin_cap_at_bound else num_hashed_tokens
+            bound = min(candidate + margin, cap) if drop and margin else candidate
             answer = finder(kind, cached[g], bound, size, param, drop, alignment)
             lookups += 1
             last_lookup[g] = (bound, drop)

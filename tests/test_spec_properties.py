@@ -591,6 +591,18 @@ def test_free_iff_unreferenced(state) -> None:
 
 
 @SETTINGS
+@given(st.lists(st.integers(-3, 3), min_size=1, max_size=6).map(tuple), st.data())
+def test_null_count_untouched(ref_counts, data) -> None:
+    # Only block 0's count decides (KV-POOL-017); the others are KV-POOL-011's.
+    others = tuple(data.draw(st.lists(st.integers(-3, 3), min_size=len(ref_counts) - 1,
+                                      max_size=len(ref_counts) - 1)))
+    assert block_pool.null_count_untouched((ref_counts[0], *others)) == block_pool.null_count_untouched(ref_counts)
+    assert block_pool.null_count_untouched((0, *others))
+    assert not block_pool.null_count_untouched((ref_counts[0] or 1, *others))
+    assert block_pool.null_count_untouched(())
+
+
+@SETTINGS
 @given(pool_state(), st.data())
 def test_refcounts_balanced(state, data) -> None:
     ref_counts, _ = state

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvoracle.conformance.engines.vllm_api import UnsupportedByRelease, call, release, takes
+from kvoracle.conformance.engines.vllm_api import UnsupportedByRelease, call, takes
 
 
 def manager_0_33(config, *, scheduler_block_size: int, hash_block_size: int, watermark: float = 0.0):
@@ -18,13 +18,6 @@ def manager_0_14(config, *, hash_block_size: int):
 
 def request_0_14(request_id, prompt, eos_token_id, block_hasher=None):
     return (request_id, prompt, eos_token_id, block_hasher)
-
-
-def test_release_reads_the_numeric_parts() -> None:
-    assert release("0.28.0+cpu") == (0, 28, 0)
-    assert release("0.14.1") == (0, 14, 1)
-    assert release("0.34.0rc1") == (0, 34, 0)
-    assert release("unknown") == ()
 
 
 def test_a_release_taking_every_keyword_gets_them_all() -> None:

@@ -48,9 +48,15 @@ def test_the_summary_is_one_row_per_bug_and_fails_on_a_miss() -> None:
     assert ok
     lines = table.splitlines()
     assert lines[0].endswith("| 0.14.1 | 0.33.0 |")  # releases in order
-    assert len(lines) == 2 + len(zoo.ZOO)
+    assert len(lines) == 3 + len(zoo.ZOO)
+    assert lines[-1] == "| unclassified | | | none | none |"
     _, ok = zoo.summarize([_report("0.14.1", set())])
     assert not ok
+    # Any other failure of a release fails the summary too.
+    stray = _report("0.33.0", set())
+    stray["suites"]["hybrid"]["unclassified"] = {"KV-HYB-013": None}
+    table, ok = zoo.summarize([stray])
+    assert not ok and table.splitlines()[-1] == "| unclassified | | | KV-HYB-013 |"
 
 
 @pytest.mark.parametrize("version", ["0.14.1", "0.28.0", "0.33.0"])

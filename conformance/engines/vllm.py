@@ -47,8 +47,9 @@ from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.hybrid import scheduler_block_size
 
 from ..adapter import UNKNOWN_HASH, Capabilities, EngineConfig, KeyRef, Lookup, Observation
+from ..harness.expectations import version_in_range
 from . import EngineLoadError
-from .vllm_api import OLDEST_SUPPORTED, call, release, takes
+from .vllm_api import SUPPORTED_RELEASES, call, takes
 
 INSTALL_HINT = ("install vLLM (0.14 or later; CPU torch) into a virtual environment with "
                 "scripts/install_vllm.sh (VLLM_VERSION=... for another release), then run "
@@ -65,10 +66,10 @@ def installed_vllm(engine: str) -> str:
     except ImportError as error:
         raise EngineLoadError(f"engine {engine}: cannot import vllm ({error}); {INSTALL_HINT}") from error
     version = str(getattr(vllm, "__version__", "unknown"))
-    if release(version)[:2] < OLDEST_SUPPORTED:
+    if not version_in_range(version, SUPPORTED_RELEASES):
         raise EngineLoadError(
             f"engine {engine}: installed vllm is {version}; the adapters drive the v1 KV-cache "
-            f"manager of vLLM {'.'.join(map(str, OLDEST_SUPPORTED))} and later; {INSTALL_HINT}")
+            f"manager of vLLM {SUPPORTED_RELEASES.lstrip('>=')} and later; {INSTALL_HINT}")
     return version
 
 
@@ -306,7 +307,7 @@ def new_manager(v: SimpleNamespace, groups: list[Any], num_blocks: int, *,
 
     The features kvoracle does not specify are off; releases without their switch have them
     off built in. Releases without ``scheduler_block_size`` align hits to the LCM of the
-    groups' block sizes, which is kvoracle's scheduler block size too (KV-HYB-002).
+    groups' block sizes, which is kvoracle's scheduler block size too (KV-HYB-001).
     """
     config = call(v.version, v.KVCacheConfig, num_blocks=num_blocks, kv_cache_tensors=[],
                   kv_cache_groups=groups, prefix_cache_retention_interval=None,

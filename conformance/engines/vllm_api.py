@@ -7,9 +7,9 @@ is. A release that lacks a parameter kvoracle sets to the value that release has
 anyway (a retention interval of ``None``, no hash look-ahead, no watermark, ...) is
 called without it; a release that lacks a parameter kvoracle needs at another value is
 refused with an error naming the parameter and the release. Where an operation truly
-does not exist in a release (the Mooncake store coordinator before 0.22, the per-group
-lookup before 0.28), the adapter says so and the suite or rule needing it is reported
-unsupported or not applicable, never passed.
+does not exist in a release (the store coordinator's ``lookup_mask`` before 0.28, the
+per-group lookup before 0.24), the adapter says so and the suite or rule needing it is
+reported unsupported or not applicable, never passed.
 
 This module holds the detection shared by the three vLLM adapters; it imports no vLLM.
 """
@@ -17,32 +17,19 @@ This module holds the detection shared by the three vLLM adapters; it imports no
 from __future__ import annotations
 
 import inspect
-import re
 from collections.abc import Callable, Mapping
 from typing import Any
 
-#: The oldest release whose v1 KV-cache manager the adapters know how to drive.
-OLDEST_SUPPORTED = (0, 14)
-
-
-def release(version: str) -> tuple[int, ...]:
-    """``"0.28.0+cpu"`` -> ``(0, 28, 0)``; a part that is not a number ends the tuple."""
-    parts: list[int] = []
-    for part in version.split("+")[0].split("."):
-        digits = re.match(r"\d+", part)
-        if digits is None:
-            break
-        parts.append(int(digits.group()))
-        if digits.end() < len(part):  # "0rc1": a pre-release of 0
-            break
-    return tuple(parts)
+#: The releases whose v1 KV-cache manager the adapters know how to drive (a range as
+#: expectations files write them).
+SUPPORTED_RELEASES = ">=0.14"
 
 
 def parameters(function: Callable[..., Any]) -> Mapping[str, inspect.Parameter]:
     """The parameters ``function`` (or a class's constructor) takes, by name."""
     try:
         return inspect.signature(function).parameters
-    except (TypeError, ValueError):  # a builtin without a signature: assume it takes anything
+    except (TypeError, ValueError):  # a builtin without a signature: no keyword we can name
         return {}
 
 

@@ -80,7 +80,7 @@ from ..harness.capabilities import Capabilities
 from ..hybrid_lookup import PerGroupLookup
 from . import EngineLoadError
 from .vllm import INSTALL_HINT, _load_vllm, computed_blocks, free_order, new_manager, new_request
-from .vllm_api import call
+from .vllm_api import call, takes
 
 _HYBRID: SimpleNamespace | None = None
 
@@ -227,7 +227,7 @@ class VllmHybridLookup:
         pool = self.manager.block_pool
         blocks = pool.get_new_blocks(length)
         keep = [bool(k) for k in mask[:length]]
-        if "block_mask" in inspect.signature(pool.cache_full_blocks).parameters:
+        if takes(pool.cache_full_blocks, "block_mask"):
             pool.cache_full_blocks(request=request, blocks=blocks, num_cached_blocks=0,
                                    num_full_blocks=length, block_size=size, kv_cache_group_id=group_id,
                                    block_mask=keep)

@@ -25,6 +25,11 @@ MODE_RULES = {
 }
 
 
+def mode_rule(capability: str, value: str) -> str:
+    """The rule that holds for ``capability == value`` (:data:`MODE_RULES`, read backwards)."""
+    return next(rule_id for rule_id, mode in MODE_RULES.items() if mode == (capability, value))
+
+
 @attrs.frozen
 class Capabilities:
     """What an engine claims. Each flag gates the rules that need it."""

@@ -152,9 +152,8 @@ class GroupsJudge:
         self._hash_chains: dict[str, tuple[bytes, ...]] = {}
         # A model whose groups share specs is one the engine must merge (KV-HYB-002): refusing
         # it is that rule's failure, accepting it that rule's check.
-        shared = len(set(config.kv_cache_specs)) < len(config.kv_cache_specs)
-        self.call("configure", config, rule="KV-HYB-002" if shared else "KV-HLC-001")
-        if shared:
+        self.call("configure", config, rule="KV-HYB-002" if config.shares_specs else "KV-HLC-001")
+        if config.shares_specs:
             self.verdicts.check("KV-HYB-002", True)
         self._groups_judge(_rules("KV-POOL-012"))
 

@@ -25,6 +25,7 @@ from kvoracle.spec import lifecycle
 from .. import invariants, steps
 from ..adapter import Lookup, Observation
 from ..harness.calls import RAISED, EngineError
+from ..harness.capabilities import mode_rule
 
 
 def _diff(label: str, expected: object, actual: object) -> str:
@@ -307,7 +308,7 @@ class OneGroupJudge:
         check("KV-LIFE-009", step.request_id not in actual.block_tables,
               lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
         if self.capabilities.free_queue and self.capabilities.exact_block_ids:
-            release_rule = _RELEASE_RULE[self.capabilities.free_order]
+            release_rule = mode_rule("free_order", self.capabilities.free_order)
             forward = _forward_free_queue(before, step.request_id, self.config.enable_caching,
                                           self.capabilities.free_order)
             if expected.free_queue == actual.free_queue:
@@ -318,7 +319,7 @@ class OneGroupJudge:
                 rule_id = "KV-POOL-007" if actual.free_queue == forward else release_rule
                 check(rule_id, False, lambda: _diff("free queue after free",
                                                     expected.free_queue, actual.free_queue))
-        self._one_compare(expected, actual, _rules(free_queue=_RELEASE_RULE[self.capabilities.free_order],
+        self._one_compare(expected, actual, _rules(free_queue=mode_rule("free_order", self.capabilities.free_order),
                                                    default="KV-LIFE-009"))
 
     def _one_Evict(self, step: steps.Evict) -> None:
@@ -391,10 +392,6 @@ def _state(observation: Observation, with_cache: bool = True) -> tuple:
     return (observation.num_free_blocks, observation.free_queue, observation.ref_counts,
             dict(observation.block_tables),
             dict(observation.cached or {}) if with_cache else None)
-
-
-#: The rule of each free order (the engine's ``free_order`` capability).
-_RELEASE_RULE = {"unhashed_first": "KV-POOL-006", "append": "KV-POOL-016"}
 
 
 def _forward_free_queue(before: Observation, request_id: str, caching: bool, free_order: str
