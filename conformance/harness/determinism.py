@@ -22,6 +22,15 @@ or none), and a slow shrink was cut short (another counterexample). While a suit
 count of test calls -- and turns the second into this process's CPU time, which other
 work on the machine does not use up. (The shrink limit stays a limit in time: only it
 bounds the shrinker's unsuccessful attempts.)
+
+Nor on where objects sit in memory, or on the process's string-hash seed. Hypothesis
+labels the spans of a test case by hashing what drew them: the machine's rules (whose
+hash mixes in their functions' addresses), strategy functions (their code, hashed as
+strings) and sampled elements. One of its shrink passes walks the distinct labels sorted
+by their decimal text, so two processes shrank one failure along different paths (one
+seed gave 176,713 checks in one process and 206,467 in another). While a suite runs,
+:func:`independent_of_hashing` has that pass take the labels in the order their spans
+first occur in the example, which the seed and the engine's answers alone decide.
 """
 
 from __future__ import annotations
@@ -38,6 +47,10 @@ try:
     from hypothesis.internal.conjecture import engine as _engine
 except ImportError:  # pragma: no cover
     _engine = None  # type: ignore[assignment]
+try:
+    from hypothesis.internal.conjecture import shrinker as _shrinker
+except ImportError:  # pragma: no cover
+    _shrinker = None  # type: ignore[assignment]
 
 
 def pins_local_constants() -> bool:
@@ -97,3 +110,34 @@ def independent_of_time() -> Iterator[None]:
         yield
     finally:
         _engine.time = running  # type: ignore[assignment]
+
+
+def orders_labels_by_occurrence() -> bool:
+    """Whether this Hypothesis's shrinker has the label order that runs replace."""
+    shrinker = getattr(_shrinker, "Shrinker", None)
+    return (shrinker is not None and isinstance(getattr(shrinker, "distinct_labels", None), property)
+            and hasattr(shrinker, "derived_value"))
+
+
+def _labels_in_order_of_occurrence(self: object) -> list[int]:
+    # spans_by_label is a dict filled span by span: its keys are in order of first occurrence.
+    return list(self.spans_by_label)  # type: ignore[attr-defined]
+
+
+_labels_in_order_of_occurrence.__name__ = "distinct_labels"  # the shrinker's cache key for it
+
+
+@contextlib.contextmanager
+def independent_of_hashing() -> Iterator[None]:
+    """Within the block, the shrinker walks span labels in the order the spans first occur,
+    not sorted by the labels' hash-derived values."""
+    if not orders_labels_by_occurrence():
+        yield
+        return
+    shrinker = _shrinker.Shrinker
+    by_value = shrinker.distinct_labels
+    shrinker.distinct_labels = shrinker.derived_value(_labels_in_order_of_occurrence)
+    try:
+        yield
+    finally:
+        shrinker.distinct_labels = by_value

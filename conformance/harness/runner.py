@@ -28,7 +28,7 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from .calls import CLOCKS, EngineCaller, EngineError, Trail
-from .determinism import independent_of_imports, independent_of_time
+from .determinism import independent_of_hashing, independent_of_imports, independent_of_time
 from .engines import EngineLoadError, engine_factory, engine_spec_of
 from .machine import bind_machine
 from .replay import write_replay
@@ -243,7 +243,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             recorded_before = set(verdicts.suppressed)
             seen_before = set(verdicts.first_seen)
             try:
-                with independent_of_imports(), independent_of_time():
+                with independent_of_imports(), independent_of_time(), independent_of_hashing():
                     test()
             except (HypothesisException, Exception) as error:
                 if not _record_round_failures(error, verdicts, seen_before, result, say):
