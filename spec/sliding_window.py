@@ -180,6 +180,22 @@ KV_SWA_011 = rule(
 )
 
 
+KV_SWA_012 = rule(
+    "KV-SWA-012",
+    "In a hybrid model every reachable block is cached",
+    """The other half of KV-SWA-011: cache_blocks never leaves out a block that KV-SWA-011
+    names reachable. With EAGLE the reachable tail of each aligned segment is shifted by
+    one block and one block longer (the peek block the EAGLE lookup reads past the hit); a
+    mask without the shift caches too few blocks for any EAGLE hit, and the prefix cache of
+    such a model never hits (vLLM 0.22, issue #44082).""",
+    source=f"{STKV} SlidingWindowManager.reachable_block_mask (vLLM 0.23; 0.22's _cache_block_mask "
+           "has no EAGLE shift)",
+    chapter=CHAPTER,
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
+)
+
+
 @icontract.require(lambda window: window > 0, enabled=ENABLED)
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
 @icontract.ensure(lambda result, window, block_size, eagle:
@@ -316,7 +332,7 @@ def blocks_to_free(is_null: tuple[bool, ...], num_skipped_blocks: int) -> tuple[
                    enabled=ENABLED)
 @icontract.require(lambda need: need >= 0, enabled=ENABLED)
 @icontract.require(lambda block_index: block_index >= 0, enabled=ENABLED)
-@defines(KV_SWA_011)
+@defines(KV_SWA_011, KV_SWA_012)
 def block_is_reachable(block_index: int, need: int, block_size: int, alignment: int,
                        eagle: bool) -> bool:
     """Whether a hybrid sliding-window group caches block ``block_index`` when it fills.

@@ -16,7 +16,7 @@ from kvoracle.conformance.harness.capabilities import Capabilities
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation, applicability
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
-from kvoracle.conformance.steps import AddRequest, Configure, Free, Schedule
+from kvoracle.conformance.steps import AddRequest, Configure, ConfigureGroups, Free, Schedule
 from kvoracle.reference import ManagerConfig
 from kvoracle.spec import block_pool as pool_spec
 
@@ -47,6 +47,17 @@ class ClaimsUnhashedFirstAppends(AppendOrderReference):
 
     def capabilities(self) -> Capabilities:
         return Capabilities(kv_cache_groups=True, hash_block_views=True, skipped_tokens=True)
+
+
+class AppendsWithCachingOff(ReferenceEngine):
+    """vLLM 0.27's free order (issue #51482): unhashed blocks to the front only with caching on;
+    with caching off every freed block to the back, although the order declared is unhashed-first."""
+
+    name = "broken-appends-with-caching-off"
+
+    def configure(self, config) -> None:
+        super().configure(config)
+        self.manager.pool.unhashed_first = config.enable_caching
 
 
 class AppendOrderHybridLookup(ReferenceHybridLookup):
@@ -93,6 +104,34 @@ def test_an_engine_freeing_otherwise_than_it_declares_is_convicted(engine: type,
     with pytest.raises(RuleViolation) as caught:
         replay("manager", engine, STEPS)
     assert caught.value.rule_id == rule_id, caught.value
+
+
+#: The shrunk counterexamples vLLM 0.27.1 gave before the free order was named in models of
+#: several groups: a free (charged to KV-HLC-004), and an allocation that frees a window's skipped
+#: blocks and takes others (charged to KV-POOL-004).
+CACHING_OFF_CASES = {
+    "free": [ConfigureGroups((("full", 1, 0),), 1, 3, 4, enable_caching=False), AddRequest("r0", (0,)),
+             Schedule("r0", 1), Free("r0")],
+    "skipped blocks": [ConfigureGroups((("full", 1, 0), ("sliding_window", 1, 1)), 1, 8, 8, enable_caching=False),
+                       AddRequest("r0", (0, 1, 2)), Schedule("r0", 2), AddRequest("r1", (5,)), Schedule("r1", 1),
+                       Schedule("r0", 1)],
+}
+
+
+@pytest.mark.parametrize("case", sorted(CACHING_OFF_CASES))
+def test_appending_with_caching_off_is_charged_to_the_declared_order(case: str) -> None:
+    """#51482: the order is KV-POOL-006's to judge, not that of the rule whose state shows it first."""
+    steps = CACHING_OFF_CASES[case]
+    replay("manager", ReferenceEngine, steps)
+    with pytest.raises(RuleViolation) as caught:
+        replay("manager", AppendsWithCachingOff, steps)
+    assert caught.value.rule_id == "KV-POOL-006", caught.value
+
+
+def test_appending_with_caching_off_fails_only_the_declared_order_in_a_run() -> None:
+    result = run_suite(AppendsWithCachingOff, RunOptions(max_examples=100, replay_dir=None), suite="manager")
+    failing = {rule for rule, o in result.verdicts.outcomes.items() if o.outcome in ("fail", "error")}
+    assert failing == {"KV-POOL-006"}, failing
 
 
 def test_the_append_order_reference_passes_the_generated_manager_suite() -> None:

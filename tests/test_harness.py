@@ -515,3 +515,21 @@ def test_a_cut_short_run_with_rules_it_never_reached_is_incomplete_not_a_convict
     assert format_table(result).endswith("RESULT: NOT CONFORMING")  # a whole run must reach every rule
     result.incomplete = "lockstep: interrupted (SIGINT) during round 1"
     assert format_table(result).endswith("RESULT: INCOMPLETE")
+
+
+def test_loading_an_engine_has_a_limit_of_its_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first construction imports the engine, which waits on the disk (engine time counts
+    that): a cold vLLM import on a busy machine used more than the 10 s step limit and was
+    charged as a hang. It gets LOAD_TIMEOUT; later constructions and a load that hangs still end."""
+
+    def slow() -> object:
+        time.sleep(0.6)
+        return object()
+
+    caller = calls.EngineCaller(0.2, clock="wall")
+    assert caller.construct(slow, loading=True) is not None  # slower than a step, not a hang
+    with pytest.raises(calls.EngineError, match=r"within 0\.2 s"):
+        caller.construct(slow)
+    monkeypatch.setattr(calls, "LOAD_TIMEOUT", 0.4)
+    with pytest.raises(calls.EngineError, match=r"within 0\.4 s"):
+        calls.EngineCaller(0.2, clock="wall").construct(slow, loading=True)

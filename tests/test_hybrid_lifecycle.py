@@ -219,6 +219,16 @@ class CachesUnreachable(SingleTypeManager):
             self.kind = kind
 
 
+class CachesWithoutEagleShift(SingleTypeManager):
+    def _cache_full_blocks(self, request: Request, num_tokens: int) -> None:
+        eagle = self.eagle
+        self.eagle = False  # each segment's tail as a lookup without the peek block reads it (vLLM 0.22)
+        try:
+            super()._cache_full_blocks(request, num_tokens)
+        finally:
+            self.eagle = eagle
+
+
 class ForgetsAdoptedHits(SingleTypeManager):
     def adopt_hit(self, request_id, hits, num_computed_tokens) -> None:
         super().adopt_hit(request_id, hits, num_computed_tokens)
@@ -243,6 +253,11 @@ def _engine(groups_class: type[SingleTypeManager]) -> type[ReferenceEngine]:
             self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
                                              g.eagle, g.num_speculative_blocks) for g in self.groups)
 
+        def _cache(self, request: Request, num_tokens: int) -> None:
+            # Without the reference's own postcondition on what it caches (KV-HLC-005), which
+            # would stop a broken engine before the suite judges it.
+            KVCacheManager._cache.__wrapped__(self, request, num_tokens)
+
     return type(f"Broken_{groups_class.__name__}", (ReferenceEngine,),
                 {"make_manager": lambda self, config: Manager(config)})
 
@@ -256,6 +271,9 @@ CASES = {
         SWA_MODEL, AddRequest("a", (1, 2, 3, 0, 1, 2)), Schedule("a", 3), Schedule("a", 3)]),
     "caches unreachable blocks": (CachesUnreachable, "KV-SWA-011", [
         ConfigureGroups(((FULL, 4, 0), (SWA, 1, 2)), 1, 40, 32), AddRequest("a", tuple(range(9))), Schedule("a", 9)]),
+    "caches without the EAGLE shift": (CachesWithoutEagleShift, "KV-SWA-012", [
+        ConfigureGroups(((FULL, 4, 0), (SWA, 1, 2)), 1, 40, 32, use_eagle=True), AddRequest("a", tuple(range(9))),
+        Schedule("a", 9)]),
     "forgets adopted hits": (ForgetsAdoptedHits, "KV-POOL-002", [
         SWA_MODEL, AddRequest("a", (1, 2, 3, 0, 1, 2, 3)), Schedule("a", 7), Free("a"),
         AddRequest("b", (1, 2, 3, 0, 1, 2, 3, 3)), Schedule("b", 8)]),

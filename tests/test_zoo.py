@@ -59,6 +59,14 @@ def test_the_summary_is_one_row_per_bug_and_fails_on_a_miss() -> None:
     assert not ok and table.splitlines()[-1] == "| unclassified | | | KV-HYB-013 |"
 
 
+def test_a_suite_the_release_cannot_run_gives_no_verdict() -> None:
+    report = _report("0.22.0", set())
+    report["suites"]["manager"] = {"unsupported": "no such operation", "failing": [], "unclassified": {},
+                                   "expected_fail": [], "rules": {}}
+    bug = next(bug for bug in zoo.ZOO if bug.suite == "manager")
+    assert zoo.verdict_of(bug, report) == (True, "suite unsupported")
+
+
 @pytest.mark.parametrize("version", ["0.14.1", "0.28.0", "0.33.0"])
 def test_releases_in_a_range_are_read_as_versions(version: str) -> None:
     assert zoo._version_in(version, "<0.33") is (version != "0.33.0")

@@ -33,6 +33,12 @@ Validator = Callable[[Any], "str | None"]
 
 CLOCKS = ("engine", "wall")
 
+#: Seconds the first construction of an adapter in a run may use: it imports the engine, and
+#: an import reads many files. A thread waiting on the disk is not waiting for a CPU, so engine
+#: time counts it: a cold import of vLLM on a machine busy with other disk work used more than
+#: the 10 s step limit. The limit still ends a constructor that hangs.
+LOAD_TIMEOUT = 300.0
+
 #: How an engine failed in one call.
 RAISED, RETURNED, EXITED, HUNG = "raised", "returned", "exited", "hung"
 
@@ -227,9 +233,12 @@ class EngineCaller:
             self._worker = _Worker()
         return self._worker
 
-    def construct(self, factory: Callable[[], Any]) -> Any:
-        """Build an adapter: its constructor is engine code too."""
-        return self._run("the adapter's constructor", factory, (), {})
+    def construct(self, factory: Callable[[], Any], loading: bool = False) -> Any:
+        """Build an adapter: its constructor is engine code too. The first build of a run
+        (``loading``) imports the engine: it may use up to :data:`LOAD_TIMEOUT` seconds."""
+        return self._run("the adapter's constructor", factory, (), {},
+                         LOAD_TIMEOUT if loading and self.timeout is not None and self.timeout < LOAD_TIMEOUT
+                         else None)
 
     def __call__(self, engine: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
         if operation in self.quarantine.hung:
@@ -244,11 +253,12 @@ class EngineCaller:
             raise EngineError(operation, f"returned {short_repr(value)}: {problem}", RETURNED)
         return value
 
-    def _run(self, operation: str, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
+    def _run(self, operation: str, function: Callable[..., Any], args: tuple, kwargs: dict,
+             timeout: float | None = None) -> Any:
         try:
             if self.timeout is None:
                 return _invoke(function, args, kwargs)
-            return self._timed(operation, function, args, kwargs)
+            return self._timed(operation, function, args, kwargs, timeout or self.timeout)
         except EngineError:
             raise
         except KeyboardInterrupt:
@@ -259,13 +269,13 @@ class EngineCaller:
         except BaseException as error:  # the engine's own failure, never kvoracle's
             raise EngineError(operation, f"{type(error).__name__}: {error}", RAISED) from None
 
-    def _timed(self, operation: str, function: Callable[..., Any], args: tuple, kwargs: dict) -> Any:
-        assert self.timeout is not None
+    def _timed(self, operation: str, function: Callable[..., Any], args: tuple, kwargs: dict,
+               timeout: float) -> Any:
         worker = self._get_worker()
         engine_time = self.clock == "engine"
         started, waited = time.monotonic(), worker.waited() if engine_time else 0.0
         future = worker.submit(function, args, kwargs)
-        remaining = self.timeout
+        remaining = timeout
         while True:
             try:
                 return future.result(max(remaining, 0.01))
@@ -273,11 +283,11 @@ class EngineCaller:
                 used = time.monotonic() - started
                 if engine_time:
                     used -= worker.waited() - waited
-                remaining = self.timeout - used
+                remaining = timeout - used
                 if remaining > 0:
                     continue
             what = "engine time" if engine_time and worker.schedstat is not None else "wall time"
-            detail = f"no answer within {self.timeout:g} s of {what}"
+            detail = f"no answer within {timeout:g} s of {what}"
             self.quarantine.hung[operation] = detail
             self._worker = None  # the old thread is stuck in the engine; leave it
             raise EngineError(operation, detail, HUNG)

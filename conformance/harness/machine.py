@@ -61,7 +61,7 @@ def machine_for(suite: str | SuiteDef, engine_factory: Callable[[], Any], step_t
     suite = get_suite(suite) if isinstance(suite, str) else suite
     caller = EngineCaller(step_timeout, returns=suite.returns)
     scope = set(suite.scope())
-    probe = caller.construct(engine_factory)
+    probe = caller.construct(engine_factory, loading=True)
     verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
                         out_of_scope=f"not judged by {suite.label}")
     machine = bind_machine(suite, engine_factory, verdicts, caller, **suite.machine_options(probe))

@@ -41,7 +41,7 @@ def replay(suite: str | SuiteDef, engine: str | Callable[[], Any], steps: Sequen
     factory = engine_factory(engine, suite) if isinstance(engine, str) else engine
     caller = EngineCaller(step_timeout, returns=suite.returns, clock=timeout_clock)
     try:
-        capabilities = capabilities_of(caller.construct(factory))
+        capabilities = capabilities_of(caller.construct(factory, loading=True))
         scope = set(suite.scope())
         verdicts = Verdicts(capabilities, scope=lambda rule: rule.id in scope,
                             out_of_scope=f"not judged by {suite.label}")

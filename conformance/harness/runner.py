@@ -134,7 +134,7 @@ def load_suite_engine(engine: str | Callable[[], Any], suite: SuiteDef, caller: 
     factory = engine_factory(engine, suite) if isinstance(engine, str) else engine
     name = engine if isinstance(engine, str) else engine_spec_of(engine, suite)
     try:
-        probe = caller.construct(factory)
+        probe = caller.construct(factory, loading=True)
     except EngineError as error:
         raise SuiteLoadError(f"engine {name!r}: building its {suite.name} adapter failed: {error.detail}"
                              ) from None

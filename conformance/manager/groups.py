@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections.abc import Callable
 
 from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import chunked_local as chunk_spec
@@ -47,6 +48,8 @@ from kvoracle.spec.lifecycle import cdiv
 
 from .. import invariants, steps
 from ..adapter import Lookup, Observation
+from ..engines.reference import ReferenceEngine
+from ..harness.capabilities import mode_rule
 
 NULL_BLOCK_ID = 0
 #: The rule of each kind's skipped-token count.
@@ -79,6 +82,15 @@ class GroupsJudge:
               lambda: _diff("free blocks", expected.num_free_blocks, actual.num_free_blocks))
         if actual.cached is not None:
             self._judge_views(expected.cached or {}, actual.cached)
+            if rules["cached"] == "KV-SWA-011":
+                # A sliding-window block the spec caches and the engine does not is KV-SWA-012's,
+                # before the maps are compared (caching more is KV-SWA-011's).
+                windows = {g for g, (kind, _, _) in enumerate(self.setup.groups) if kind == hybrid_spec.SLIDING_WINDOW}
+                missing = {key: blocks for key, blocks in (expected.cached or {}).items()
+                           if key[1] in windows and actual.cached.get(key) != blocks}
+                check("KV-SWA-012", not missing,
+                      lambda: f"sliding-window blocks the spec caches and the engine does not (cache key, "
+                              f"group): {_short(missing)}; the engine caches {_short(actual.cached)}")
             check(rules["cached"], dict(actual.cached) == dict(expected.cached or {}),
                   lambda: _diff("cache map", _short(expected.cached), _short(actual.cached)))
         return actual
@@ -169,9 +181,11 @@ class GroupsJudge:
 
     def _groups_Free(self, step: steps.Free) -> None:
         without_partial = self._queue_without_partial_entries(step)
+        other_order = self._in_other_free_order(lambda model: model.free(step.request_id, step.preempted))
         self.model.free(step.request_id, step.preempted)
         self.call("free", step.request_id, step.preempted, rule="KV-LIFE-009")
         self.running.discard(step.request_id)
+        self._judge_free_order(other_order[1])
         if without_partial is not None and without_partial != self.model.observe().free_queue:
             # A queue that differs exactly as if partial tail entries did not count as cached
             # is KV-HLC-006's difference, not a wrong free order.
@@ -196,6 +210,31 @@ class GroupsJudge:
             other.manager.pool.blocks[block_id].partial_key = None
         other.free(step.request_id, step.preempted)
         return other.observe().free_queue
+
+    def _in_other_free_order(self, apply: Callable[[ReferenceEngine], object]) -> tuple[object, Observation]:
+        """What ``apply`` returns, and the observation after it, on a copy of the reference that
+        returns freed blocks in the order the engine did not declare (KV-POOL-006 / KV-POOL-016)."""
+        other = copy.deepcopy(self.model)
+        other.manager.pool.unhashed_first = not other.manager.pool.unhashed_first
+        answer = apply(other)
+        return answer, other.observe()
+
+    def _judge_free_order(self, other: Observation, allocated: object = None, expected_allocated: object = None,
+                          other_allocated: object = None) -> None:
+        """After a step that freed blocks: an engine left exactly where the other free order leads
+        (its free queue, and the blocks an allocation took) fails the release rule of the order it
+        declared, before the rules that see only the consequences (KV-HLC-004, KV-POOL-004, ...)."""
+        expected = self.model.observe()
+        if other.free_queue == expected.free_queue and other_allocated == expected_allocated:
+            return  # the two orders agree here: nothing tells them apart
+        seen: Observation = self.call("observe", rule="KV-HLC-001")  # type: ignore[assignment]
+        declared = self.verdicts.capabilities.free_order
+        self.verdicts.check(
+            mode_rule("free_order", declared),
+            not (seen.free_queue == other.free_queue and allocated == other_allocated),
+            lambda: _diff(f"free queue (the engine declares free_order={declared!r}, and its queue"
+                          + (f" and new blocks {allocated}" if allocated is not None else "")
+                          + " are the other order's)", expected.free_queue, seen.free_queue))
 
     def _groups_Evict(self, step: steps.Evict) -> None:
         before = self.call("observe", rule="KV-HLC-001")
@@ -238,11 +277,20 @@ class GroupsJudge:
         # The count the allocation frees the skipped blocks at (KV-SWA-007), asked first: a
         # wrong count shows next only as the null prefix it leaves.
         self._judge_skipped(min(request.num_computed_tokens + hit.num_tokens, self.setup.max_model_len))
-        expected = self.model.allocate(step.request_id, new + step.num_draft_tokens, hit.num_tokens,
-                                       step.num_lookahead_tokens, step.delay_cache_blocks, encoder)
-        actual = self.call("allocate", step.request_id, new + step.num_draft_tokens, hit.num_tokens,
-                           step.num_lookahead_tokens, step.delay_cache_blocks, encoder, rule="KV-HLC-001")
+        arguments = (step.request_id, new + step.num_draft_tokens, hit.num_tokens, step.num_lookahead_tokens,
+                     step.delay_cache_blocks, encoder)
+        # A running request's allocation frees the blocks its windows skipped (KV-SWA-007): where
+        # they go decides which blocks it takes. (A hit's skipped blocks are cached ones, which
+        # both orders put at the back.)
+        computed = min(request.num_computed_tokens, self.setup.max_model_len)
+        frees = not waiting and any(kind in spec.WINDOWED_KINDS and spec.skipped_tokens(kind, param, computed) >= size
+                                    for kind, size, param in self.setup.groups)
+        other = self._in_other_free_order(lambda model: model.allocate(*arguments)) if frees else None
+        expected = self.model.allocate(*arguments)
+        actual = self.call("allocate", *arguments, rule="KV-HLC-001")
         check = self.verdicts.check
+        if other is not None and (expected is None) == (actual is None):
+            self._judge_free_order(other[1], _blocks(actual), _blocks(expected), _blocks(other[0]))
         check("KV-HYB-012", (expected is None) == (actual is None), lambda: (
             f"allocate_slots({step.request_id}, {new + step.num_draft_tokens} new, hit {hit.num_tokens}): "
             f"reference {'fails' if expected is None else 'succeeds'}, engine "
@@ -329,6 +377,11 @@ class GroupsJudge:
 
     def _groups_Observe(self, step: steps.Observe) -> None:
         self._groups_judge(_rules("KV-HLC-001"))
+
+def _blocks(allocated: object) -> tuple[tuple[int, ...], ...] | None:
+    """New blocks per group, as comparable tuples (None for a failed allocation)."""
+    return None if allocated is None else tuple(tuple(group) for group in allocated)  # type: ignore[attr-defined]
+
 
 def _rules(default: str, **fields: str) -> dict[str, str]:
     names = ("num_free", "tables", "ref_counts", "free_queue", "cached")
