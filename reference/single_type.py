@@ -47,6 +47,9 @@ class SingleTypeManager:
         self.eagle = eagle
         #: A Mamba group's blocks for speculative decoding, beyond the request's slots (KV-HLC-008).
         self.num_speculative_blocks = num_speculative_blocks
+        #: Whether a Mamba group frees its skipped blocks as if its drafts were rejected
+        #: (KV-HLC-009, a declared refinement of KV-HLC-008).
+        self.mamba_free_lag = False
         #: With one group vLLM's unitary coordinator hashes and aligns at the block size and
         #: caches every computed token; with several, hits align to the scheduler block size.
         self.several_groups = len(coordinator.config.kv_cache_specs) > 1
@@ -66,6 +69,8 @@ class SingleTypeManager:
     # -- the steps of one allocation (KV-HLC-001) --------------------------------------
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """KV-SWA-007: free the skipped blocks right to left, up to the first null."""
+        if self.kind == hybrid_spec.MAMBA and self.mamba_free_lag:
+            num_computed_tokens = spec.lagging_mamba_tokens(num_computed_tokens, self.num_speculative_blocks)
         skipped = self.skipped_tokens(num_computed_tokens)
         if skipped <= 0:
             return

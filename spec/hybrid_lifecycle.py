@@ -178,6 +178,23 @@ KV_HLC_007 = rule(
     spec_only=INPUT_VALIDATION,
 )
 
+KV_HLC_009 = rule(
+    "KV-HLC-009",
+    "A Mamba group may free its skipped blocks as if its drafts were rejected",
+    """The refinement of KV-HLC-008 for an engine that declares it (capability
+    ``mamba_free_lag``): before a Mamba group without prefix caching frees its skipped
+    blocks, it takes num_speculative_blocks off the computed tokens (never below 0), as if
+    that many draft tokens were rejected, so each block is freed that many tokens later;
+    the count of blocks an allocation needs still reads the skipped tokens of the computed
+    tokens themselves (KV-HLC-002). Everything else is KV-HLC-008. vLLM 0.17 to 0.25 did so
+    on purpose under asynchronous scheduling; 0.26 frees at the tokens it has processed.""",
+    source=f"{STKV} MambaManager.remove_skipped_blocks (vLLM 0.17-0.25: num_computed_tokens - "
+           "num_speculative_blocks)",
+    chapter=CHAPTER,
+    judged_by=("manager",),
+    needs=("kv_cache_groups",),
+)
+
 
 def _kind_ok(kind: str) -> bool:
     return kind in LIFECYCLE_KINDS
@@ -200,6 +217,15 @@ def skipped_tokens(kind: str, param: int, num_computed_tokens: int) -> int:
     if kind == MAMBA:
         return max(0, num_computed_tokens - 1)
     return 0
+
+
+@icontract.require(lambda num_computed_tokens, num_speculative_blocks:
+                   num_computed_tokens >= 0 and num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_computed_tokens: 0 <= result <= num_computed_tokens, enabled=ENABLED)
+@defines(KV_HLC_009)
+def lagging_mamba_tokens(num_computed_tokens: int, num_speculative_blocks: int) -> int:
+    """The computed tokens a lagging Mamba group frees its skipped blocks at (KV-HLC-009)."""
+    return max(0, num_computed_tokens - num_speculative_blocks)
 
 
 @icontract.require(lambda slots, block_size, num_speculative_blocks:

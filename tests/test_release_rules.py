@@ -23,7 +23,15 @@ from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, ReferenceHybridLookup, Seed
-from kvoracle.conformance.steps import AddRequest, CommonPrefix, Configure, ConfigureGroups, Free, Schedule
+from kvoracle.conformance.steps import (
+    AddRequest,
+    AppendTokens,
+    CommonPrefix,
+    Configure,
+    ConfigureGroups,
+    Free,
+    Schedule,
+)
 from kvoracle.reference import ManagerConfig
 from kvoracle.spec import hybrid as spec
 
@@ -161,3 +169,59 @@ def test_a_refused_shared_spec_model_is_charged_to_kv_hyb_002_in_the_manager_sui
     with pytest.raises(RuleViolation) as caught:
         replay("manager", ManagerRefusesSharedSpecs, steps)
     assert caught.value.rule_id == "KV-HYB-002"
+
+
+# -- the Mamba free lag (KV-HLC-009, a declared refinement of KV-HLC-008) ----------------------
+class _LaggingMamba(ReferenceEngine):
+    """Frees a Mamba group's skipped blocks num_speculative_blocks tokens late (vLLM 0.17 - 0.25)."""
+
+    def configure(self, config) -> None:
+        super().configure(config)
+        for group in getattr(self.manager, "groups", ()):
+            group.mamba_free_lag = True
+
+
+class LagsWithoutSaying(_LaggingMamba):
+    name = "broken-mamba-lags-undeclared"
+
+
+class LagsAndSaysSo(_LaggingMamba):
+    name = "reference-mamba-lag"
+
+    def __init__(self) -> None:
+        super().__init__(mamba_free_lag=True)
+
+
+class SaysLagsButDoesNot(ReferenceEngine):
+    name = "broken-mamba-lag-claimed"
+
+    def __init__(self) -> None:
+        super().__init__(mamba_free_lag=True)
+
+    def configure(self, config) -> None:
+        super().configure(config)
+        for group in getattr(self.manager, "groups", ()):
+            group.mamba_free_lag = False
+
+
+#: vLLM 0.22.0's shrunk counterexample: a Mamba group with one speculative block, caching off;
+#: the third allocation frees the state block at 2 computed tokens where the lag frees none.
+MAMBA_LAG = [ConfigureGroups((("mamba", 1, 1), ("full", 1, 0)), 1, 9, 4, enable_caching=False),
+             AddRequest("r0", (0,)), Schedule("r0", 1), AppendTokens("r0", (0, 0)), Schedule("r0", 1),
+             Schedule("r0", 1)]
+
+
+@pytest.mark.parametrize(("engine", "rule_id"), [(LagsWithoutSaying, "KV-HLC-008"),
+                                                 (SaysLagsButDoesNot, "KV-HLC-009")])
+def test_a_mamba_group_freeing_otherwise_than_declared_is_charged_to_the_declared_rule(engine, rule_id) -> None:
+    replay("manager", "reference", MAMBA_LAG)
+    with pytest.raises(RuleViolation) as caught:
+        replay("manager", engine, MAMBA_LAG)
+    assert caught.value.rule_id == rule_id, caught.value
+
+
+def test_a_declared_mamba_lag_is_judged_in_lockstep() -> None:
+    verdicts = replay("manager", LagsAndSaysSo, MAMBA_LAG)
+    assert not any(o.failed_checks for o in verdicts.outcomes.values())
+    assert verdicts.outcomes["KV-HLC-009"].checks > 0
+    assert verdicts.outcomes["KV-HLC-008"].not_applicable == "engine declares mamba_free_lag=True"

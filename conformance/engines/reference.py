@@ -19,13 +19,16 @@ class ReferenceEngine:
 
     name = "reference"
 
-    def __init__(self, common_prefix: str = "zero", free_order: str = "unhashed_first") -> None:
+    def __init__(self, common_prefix: str = "zero", free_order: str = "unhashed_first",
+                 mamba_free_lag: bool = False) -> None:
         #: Which get_num_common_prefix_blocks behaviour to show: "zero" (KV-LIFE-010)
         #: or "cascade" (KV-LIFE-011).
         self.common_prefix = common_prefix
         #: How freed blocks return to the free queue: "unhashed_first" (KV-POOL-006) or
         #: "append" (KV-POOL-016).
         self.free_order = free_order
+        #: Whether Mamba groups free their skipped blocks late (KV-HLC-009) or not (KV-HLC-008).
+        self.mamba_free_lag = mamba_free_lag
         self.config: EngineConfig | None = None
         self.manager: KVCacheManager | None = None
         self.requests: dict[str, Request] = {}
@@ -35,7 +38,8 @@ class ReferenceEngine:
         return __version__
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(common_prefix=self.common_prefix, free_order=self.free_order, kv_cache_groups=True,
+        return Capabilities(common_prefix=self.common_prefix, free_order=self.free_order,
+                            mamba_free_lag=self.mamba_free_lag, kv_cache_groups=True,
                             hash_block_views=True, skipped_tokens=True)
 
     def make_manager(self, config: EngineConfig) -> KVCacheManager:
@@ -45,6 +49,8 @@ class ReferenceEngine:
         self.config = config
         self.manager = self.make_manager(config)
         self.manager.pool.unhashed_first = self.free_order == "unhashed_first"
+        for group in getattr(self.manager, "groups", ()):
+            group.mamba_free_lag = self.mamba_free_lag
         self.requests = {}
         self.last_hit = {}
 

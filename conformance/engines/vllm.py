@@ -37,6 +37,7 @@ so ``kvoracle.conformance`` imports without vLLM. Install it with
 
 from __future__ import annotations
 
+import inspect
 import logging
 from collections.abc import Sequence
 from types import SimpleNamespace
@@ -136,7 +137,7 @@ class VllmEngine:
         v = self.vllm
         cascade = hasattr(v.KVCacheCoordinator, "get_num_common_prefix_blocks")
         return Capabilities(common_prefix="cascade" if cascade else "zero", free_order=free_order(v),
-                            kv_cache_groups=True,
+                            mamba_free_lag=mamba_free_lag(), kv_cache_groups=True,
                             hash_block_views=True,
                             skipped_tokens=hasattr(v.SingleTypeKVCacheManager, "get_num_skipped_tokens"))
 
@@ -331,6 +332,23 @@ def free_order(v: SimpleNamespace) -> str:
     queue_prepends = hasattr(v.utils.FreeKVCacheBlockQueue, "prepend_n")
     caller_decides = takes(v.BlockPool.free_blocks, "prepend")
     return "unhashed_first" if queue_prepends and not caller_decides else "append"
+
+
+def mamba_free_lag() -> bool:
+    """Whether the release's Mamba manager frees skipped blocks num_speculative_blocks tokens
+    late (KV-HLC-009): vLLM 0.17 to 0.25 subtract them in ``MambaManager.remove_skipped_blocks``
+    (its comment: assume every draft is rejected); 0.26 frees at the processed tokens. Read in
+    the method's own code, which is where the release says it."""
+    from vllm.v1.core import single_type_kv_cache_manager as managers
+
+    method = getattr(getattr(managers, "MambaManager", None), "remove_skipped_blocks", None)
+    if method is None or method is managers.SingleTypeKVCacheManager.remove_skipped_blocks:
+        return False
+    try:
+        code = inspect.getsource(method)
+    except (OSError, TypeError):  # no source installed: the release's default, kvoracle's rule
+        return False
+    return "- self.num_speculative_blocks" in code
 
 
 def scheduler_block_size_of(groups: Sequence[Any]) -> int:

@@ -22,10 +22,12 @@ MODE_RULES = {
     "KV-LIFE-011": ("common_prefix", "cascade"),
     "KV-POOL-006": ("free_order", "unhashed_first"),
     "KV-POOL-016": ("free_order", "append"),
+    "KV-HLC-008": ("mamba_free_lag", False),
+    "KV-HLC-009": ("mamba_free_lag", True),
 }
 
 
-def mode_rule(capability: str, value: str) -> str:
+def mode_rule(capability: str, value: object) -> str:
     """The rule that holds for ``capability == value`` (:data:`MODE_RULES`, read backwards)."""
     return next(rule_id for rule_id, mode in MODE_RULES.items() if mode == (capability, value))
 
@@ -58,6 +60,10 @@ class Capabilities:
     #: ``unhashed_first``: freed unhashed blocks go to the front of the free queue (KV-POOL-006,
     #: vLLM 0.24 and later); ``append``: every freed block goes to the back (KV-POOL-016).
     free_order: str = attrs.field(default="unhashed_first")
+    #: A Mamba group without prefix caching frees its skipped blocks num_speculative_blocks
+    #: tokens late, as if its drafts were rejected (KV-HLC-009, vLLM 0.17 to 0.25), not at the
+    #: computed tokens (KV-HLC-008).
+    mamba_free_lag: bool = False
     #: ``observe()`` reports checks of a paged KV store's data (``data_checks``, KV-DATA).
     kv_data: bool = False
     #: ``configure()`` takes a :class:`~kvoracle.reference.HybridConfig` of several KV-cache groups

@@ -33,7 +33,8 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
     def prepare(self) -> None:
         self.capabilities = self.verdicts.capabilities
         self.model = ReferenceEngine(common_prefix=self.capabilities.common_prefix,
-                                     free_order=self.capabilities.free_order)
+                                     free_order=self.capabilities.free_order,
+                                     mamba_free_lag=self.capabilities.mamba_free_lag)
         self.config: ManagerConfig | HybridConfig | None = None
         #: The configuration step of a model of several groups (None for one full-attention group).
         self.setup: ConfigureGroups | None = None
