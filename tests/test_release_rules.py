@@ -108,6 +108,18 @@ class LookAheadCappedAtBound(ReferenceHybridLookup):
     coordinator_class = _CappedLookAhead
 
 
+class ManagerLookAheadCappedAtBound(ReferenceEngine):
+    """The manager of vLLM 0.20 - 0.31: its EAGLE look-ahead stops at max_cache_hit_length."""
+
+    name = "broken-manager-look-ahead-capped-at-bound"
+
+    def make_manager(self, config):
+        manager = super().make_manager(config)
+        if hasattr(manager, "coordinator"):
+            manager.coordinator.__class__ = _CappedLookAhead
+        return manager
+
+
 # -- the states --------------------------------------------------------------------------------
 WINDOW_OF_1 = ConfigureGroups((("sliding_window", 1, 1),), 1, 2, 4, enable_caching=False)
 SHARED = HybridSetup(groups=(("full", 1, 0), ("full", 1, 0)), hash_block_size=1, num_blocks=9,
@@ -133,6 +145,11 @@ CASES = {
     # must win the tie (KV-HYB-007, not KV-HYB-015).
     "look-ahead capped at the bound": ("hybrid", LookAheadCappedAtBound, "KV-HYB-007", [
         EAGLE_AT_BOUND, Seed(0, 0, (T, T)), Seed(0, 1, (T, T)), LookUp(0)]),
+    # vLLM 0.27.1's shrunk counterexample in the manager suite: hit 0 where the spec says 1.
+    "look-ahead capped at the bound, manager": ("manager", ManagerLookAheadCappedAtBound, "KV-HYB-007", [
+        ConfigureGroups((("full", 1, 0), ("sliding_window", 1, 1)), 1, 4, 4, use_eagle=True),
+        AddRequest("r0", (0, 0)), Schedule("r0", 1), Schedule("r0", 1), AddRequest("r1", (0, 0)),
+        Schedule("r1", 1)]),
     # vLLM #43559's state: hit 32 while full attention holds 28 tokens.
     "Mamba look-ahead": ("hybrid", MambaEagleMargin, "KV-MAMBA-002", [
         MAMBA_AND_FULL, Seed(0, 0, (T,) * 8), Seed(0, 1, (T,) * 8), LookUp(0)]),

@@ -43,6 +43,7 @@ from kvoracle.spec import chunked_local as chunk_spec
 from kvoracle.spec import hashing
 from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
+from kvoracle.spec import lifecycle as lifecycle_spec
 from kvoracle.spec import sliding_window as swa_spec
 from kvoracle.spec.lifecycle import cdiv
 
@@ -368,12 +369,28 @@ class GroupsJudge:
                           f"(block size {size}) has {len(actual.block_ids[g])} hit blocks for a hit of "
                           f"{actual.num_tokens} tokens")
         rule_id = "KV-HYB-014" if len(self.setup.groups) == 1 else "KV-HYB-003"
+        if rule_id == "KV-HYB-003" and self.setup.use_eagle and actual.num_tokens != expected.num_tokens:
+            # The hit of an EAGLE look-ahead capped at the bound, not the hashed tokens, is
+            # KV-HYB-007's, as in the hybrid suite (vLLM 0.20 to 0.31).
+            capped = self._capped_look_ahead_hit(request_id)
+            check("KV-HYB-007", actual.num_tokens != capped, lambda: (
+                f"hit length of {request_id}: {actual.num_tokens}, the hit of a look-ahead capped at the "
+                f"bound; the spec's is {expected.num_tokens}"))
         check(rule_id, actual.num_tokens == expected.num_tokens,
               lambda: _diff(f"hit length of {request_id}", expected.num_tokens, actual.num_tokens))
         check("KV-FULL-002", tuple(map(tuple, actual.block_ids)) == tuple(map(tuple, expected.block_ids)),
               lambda: _diff(f"hit blocks of {request_id}", expected.block_ids, actual.block_ids))
         return expected
 
+
+    def _capped_look_ahead_hit(self, request_id: str) -> int:
+        """The hit length of the spec's loop with the EAGLE look-ahead capped at the bound."""
+        coordinator = self.model.manager.coordinator
+        request = self.model.requests[request_id]
+        flat, cached, num_hashed = coordinator._lookup_inputs(request.block_hashes)
+        bound = lifecycle_spec.max_cache_hit_length(request.num_tokens)
+        return hybrid_spec.fixed_point(flat, cached, bound, num_hashed, coordinator.config.scheduler_block_size,
+                                       margin_cap="max_length")[0]
 
     def _groups_Observe(self, step: steps.Observe) -> None:
         self._groups_judge(_rules("KV-HLC-001"))
