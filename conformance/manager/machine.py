@@ -87,11 +87,11 @@ ONE_GROUP_ONLY = frozenset({
     "KV-HASH-001", "KV-HASH-002", "KV-HASH-003", "KV-HASH-004", "KV-HASH-007",
     "KV-LIFE-001", "KV-LIFE-002", "KV-LIFE-003", "KV-LIFE-004", "KV-LIFE-005", "KV-LIFE-006", "KV-LIFE-007",
     "KV-LIFE-008", "KV-LIFE-010", "KV-LIFE-011", "KV-LIFE-013", "KV-LIFE-014", "KV-LIFE-016",
-    "KV-POOL-001", "KV-POOL-003", "KV-POOL-005", "KV-POOL-006", "KV-POOL-007", "KV-POOL-009", "KV-POOL-016"})
+    "KV-POOL-001", "KV-POOL-003", "KV-POOL-005", "KV-POOL-007", "KV-POOL-009"})
 #: Rules only a model of several groups reaches: those needing ``kv_cache_groups``, the hybrid
 #: lookup's and null layout's rules the groups' steps judge, and the block-size views of groups
 #: coarser than the hash blocks (one full-attention group is hashed at its block size).
-GROUPS_ONLY = frozenset({"KV-HASH-006", "KV-HYB-002", "KV-HYB-003", "KV-HYB-006", "KV-HYB-013"} | {
+GROUPS_ONLY = frozenset({"KV-HASH-006", "KV-HYB-002", "KV-HYB-003", "KV-HYB-006", "KV-HYB-007", "KV-HYB-013"} | {
     rule.id for rule in all_rules() if "kv_cache_groups" in rule.needs})
 
 
