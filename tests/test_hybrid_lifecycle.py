@@ -16,7 +16,7 @@ from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.suites import capabilities_of, get_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
 from kvoracle.conformance.manager import ManagerDriver
-from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, Schedule
+from kvoracle.conformance.steps import AddRequest, AppendTokens, ConfigureGroups, Evict, Free, Schedule
 from kvoracle.reference import KVCacheManager, Request, SingleTypeManager
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.kv_cache_spec import CrossAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
@@ -241,6 +241,17 @@ class IgnoresPartialTail(SingleTypeManager):
         return None  # as if partial tail entries did not count: the freed block goes to the front
 
 
+class PartialTailAtPromptEnd(SingleTypeManager):
+    def _register_partial_tail(self, request: Request, num_tokens: int) -> None:
+        # vLLM 0.26 - 0.31: at the prompt's last hash boundary, which a resend never reads
+        unit = request.hash_block_size
+        boundary = min(request.num_prompt_tokens // unit, len(request.block_hashes)) * unit
+        table = self.req_to_blocks.get(request.request_id, [])
+        if 0 < boundary <= num_tokens and boundary % self.block_size and boundary // self.block_size < len(table):
+            key = (request.block_hashes[boundary // unit - 1], self.group_id)
+            self.pool.register_partial(table[boundary // self.block_size], key)
+
+
 class MambaKeepsEveryState(SingleTypeManager):
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         return 0 if self.kind == MAMBA else super().skipped_tokens(num_computed_tokens)
@@ -280,6 +291,11 @@ CASES = {
     "Mamba keeps every state": (MambaKeepsEveryState, "KV-HLC-008", [
         ConfigureGroups(((FULL, 2, 0), (MAMBA, 2, 0)), 1, 40, 16, enable_caching=False),
         AddRequest("a", (1, 2, 3, 0, 1)), Schedule("a", 3), Schedule("a", 2)]),
+    # vLLM 0.27.1's shrunk counterexample (charged to KV-HLC-004 before the suite named it).
+    "partial tail at the prompt end": (PartialTailAtPromptEnd, "KV-HLC-006", [
+        ConfigureGroups(((FULL, 1, 0), (FULL, 1, 0), (FULL, 2, 0)), 1, 9, 8), AddRequest("r0", (0,)),
+        Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Evict((3,)), AppendTokens("r0", (0,)),
+        Schedule("r0", 1), Free("r0")]),
     "ignores partial tail entries": (IgnoresPartialTail, "KV-HLC-006", [
         ConfigureGroups(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
         AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Free("r0")]),

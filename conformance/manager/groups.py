@@ -182,18 +182,21 @@ class GroupsJudge:
 
     def _groups_Free(self, step: steps.Free) -> None:
         without_partial = self._queue_without_partial_entries(step)
+        at_prompt_end = self._queue_with_partial_entries_at_prompt_end(step)
         other_order = self._in_other_free_order(lambda model: model.free(step.request_id, step.preempted))
         self.model.free(step.request_id, step.preempted)
         self.call("free", step.request_id, step.preempted, rule="KV-LIFE-009")
         self.running.discard(step.request_id)
         self._judge_free_order(other_order[1])
-        if without_partial is not None and without_partial != self.model.observe().free_queue:
-            # A queue that differs exactly as if partial tail entries did not count as cached
-            # is KV-HLC-006's difference, not a wrong free order.
-            seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
-            self.verdicts.check("KV-HLC-006", seen != without_partial, lambda: _diff(
-                "free queue (the engine's is the one where blocks with only a partial tail entry "
-                "count as uncached)", self.model.observe().free_queue, seen))
+        # A queue that differs exactly as if partial tail entries did not count as cached, or
+        # sat at the prompt's last hash boundary (vLLM 0.26 to 0.31; 0.32 puts them at the last
+        # boundary a resend can read), is KV-HLC-006's difference, not a wrong free order.
+        for queue, how in ((without_partial, "blocks with only a partial tail entry count as uncached"),
+                           (at_prompt_end, "the partial tail entry sits at the prompt's last hash boundary")):
+            if queue is not None and queue != self.model.observe().free_queue:
+                seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
+                self.verdicts.check("KV-HLC-006", seen != queue, lambda how=how, seen=seen: _diff(
+                    f"free queue (the engine's is the one where {how})", self.model.observe().free_queue, seen))
         actual = self._groups_judge(_rules("KV-HLC-004", tables="KV-LIFE-009"))
         self.verdicts.check("KV-LIFE-009", step.request_id not in actual.block_tables,
                             lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
@@ -209,6 +212,34 @@ class GroupsJudge:
         other = copy.deepcopy(self.model)
         for block_id in partial:
             other.manager.pool.blocks[block_id].partial_key = None
+        other.free(step.request_id, step.preempted)
+        return other.observe().free_queue
+
+    def _queue_with_partial_entries_at_prompt_end(self, step: steps.Free) -> tuple[int, ...] | None:
+        """The reference's free queue after ``step`` had each full-attention group's partial tail
+        entry at the prompt's last hash boundary instead (KV-HLC-006), or None when that moves
+        no entry."""
+        request = self.model.requests.get(step.request_id)
+        if request is None:
+            return None
+        moves: dict[int, object] = {}  # block id -> its partial entry in that engine
+        for group in self.model.manager.groups:
+            table = group.req_to_blocks.get(step.request_id, ())
+            if group.kind != hybrid_spec.FULL or group.block_size == request.hash_block_size or not table:
+                continue
+            size, unit = group.block_size, request.hash_block_size
+            boundary = min(request.num_prompt_tokens // unit, len(request.block_hashes)) * unit
+            wanted = (boundary // size if boundary % size and boundary <= request.num_computed_tokens
+                      and boundary // size < len(table) else None)
+            for index, block in enumerate(table):
+                if not block.is_null and block.cache_key is None and (block.partial_key is not None) != (
+                        index == wanted):
+                    moves[block.block_id] = ("prompt end", group.group_id) if index == wanted else None
+        if not moves:
+            return None
+        other = copy.deepcopy(self.model)
+        for block_id, entry in moves.items():
+            other.manager.pool.blocks[block_id].partial_key = entry
         other.free(step.request_id, step.preempted)
         return other.observe().free_queue
 
