@@ -471,6 +471,14 @@ class StoreDriver(Driver):
                                   f"group up {flat[0][1]} tokens past the candidate) answers {want}; spec group "
                                   f"{flat[0]} of {len(setup.groups)} KV-cache groups, stored {_fmt(cached)}; "
                                   f"{detail}")
+            if setup.use_eagle:
+                # The store's copy of the loop with the EAGLE look-ahead capped at the bound, as the
+                # local one of vLLM 0.20 to 0.31: KV-HYB-007's difference, not the store's own.
+                capped = hybrid_spec.fixed_point(flat, cached, bound, hashed, alignment, margin_cap="max_length")[0]
+                check("KV-HYB-007", hit == want or hit != capped,
+                      lambda: f"hit {hit}, the hit of the loop whose EAGLE look-ahead is capped at the bound; "
+                              f"the local hybrid loop over the store's keys answers {want}; spec groups "
+                              f"{list(flat)}, stored {_fmt(cached)}; {detail}")
             check("KV-EXT-001", hit == want,
                   lambda: f"hit {hit}; the local hybrid loop over the store's keys answers {want}; spec groups "
                           f"{list(flat)}, stored {_fmt(cached)}; {detail}")

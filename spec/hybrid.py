@@ -150,7 +150,7 @@ KV_HYB_007 = rule(
     An answer that is exactly the loop dropping on every lookup is KV-HYB-015 instead.""",
     source=f"{COORD} HybridKVCacheCoordinator.find_longest_cache_hit (eagle_verified, eagle_margin)",
     chapter=CHAPTER,
-    judged_by=("hybrid", "manager"),
+    judged_by=("hybrid", "manager", "external-store"),
 )
 KV_HYB_008 = rule(
     "KV-HYB-008",

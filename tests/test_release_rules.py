@@ -18,8 +18,11 @@ import attrs
 import pytest
 from broken_hybrid_engines import MambaEagleMargin, _Unchecked
 from broken_loop import broken_fixed_point
+from broken_store_gap_engines import _UncheckedCoordinator
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
+from kvoracle.conformance.external_store import LookUp as StoreLookUp
+from kvoracle.conformance.external_store import ReferenceExternalStore, Store, StoreSetup
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, ReferenceHybridLookup, Seed
@@ -120,6 +123,28 @@ class ManagerLookAheadCappedAtBound(ReferenceEngine):
         return manager
 
 
+class _CappedStoreLoop(_UncheckedCoordinator):
+    def local_loop(self, block_hashes, max_length, pool):
+        result = spec.fixed_point(self.flat_groups(), self.existence_flags(block_hashes, pool), max_length,
+                                  len(block_hashes) * self.config.hash_block_size, self.alignment,
+                                  margin_cap="max_length")
+        return result[0], result[4]
+
+    def find_longest_cache_hit(self, block_hashes, max_length, cached_block_pool):
+        hit, last = self.local_loop(block_hashes, max_length, cached_block_pool)
+        masks = tuple(list(self.group_load_mask(g, hit, last[self._group_of(g)][1])) if self._has_group(g) else []
+                      for g in range(len(self.config.kv_cache_specs)))
+        self._answered[(tuple(bytes(h) for h in block_hashes), hit)] = masks
+        return masks, hit
+
+
+class StoreLookAheadCappedAtBound(ReferenceExternalStore):
+    """The Mooncake store coordinator of vLLM 0.28 - 0.31: its loop's look-ahead stops at the bound."""
+
+    name = "broken-store-look-ahead-capped-at-bound"
+    coordinator_class = _CappedStoreLoop
+
+
 # -- the states --------------------------------------------------------------------------------
 WINDOW_OF_1 = ConfigureGroups((("sliding_window", 1, 1),), 1, 2, 4, enable_caching=False)
 SHARED = HybridSetup(groups=(("full", 1, 0), ("full", 1, 0)), hash_block_size=1, num_blocks=9,
@@ -150,6 +175,11 @@ CASES = {
         ConfigureGroups((("full", 1, 0), ("sliding_window", 1, 1)), 1, 4, 4, use_eagle=True),
         AddRequest("r0", (0, 0)), Schedule("r0", 1), Schedule("r0", 1), AddRequest("r1", (0, 0)),
         Schedule("r1", 1)]),
+    # vLLM 0.28.0's shrunk counterexample in the external-store suite (charged to KV-EXT-001).
+    "look-ahead capped at the bound, store": ("external-store", StoreLookAheadCappedAtBound, "KV-HYB-007", [
+        StoreSetup(groups=(("full", 1, 0), ("full", 1, 0), ("sliding_window", 1, 1)), hash_block_size=1,
+                   use_eagle=True, eagle_groups=(False, False, False), prompts=((0, 0),), partial=False),
+        Store(prompt=0, aligned_len=2), StoreLookUp(prompt=0, max_length=None)]),
     # vLLM #43559's state: hit 32 while full attention holds 28 tokens.
     "Mamba look-ahead": ("hybrid", MambaEagleMargin, "KV-MAMBA-002", [
         MAMBA_AND_FULL, Seed(0, 0, (T,) * 8), Seed(0, 1, (T,) * 8), LookUp(0)]),
