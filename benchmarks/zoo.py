@@ -106,7 +106,16 @@ ZOO: tuple[Bug, ...] = (
         "the store coordinator's copy of the hybrid loop had #52828's defect: after the loop only "
         "attention_groups[0] is cut to the hit, so another full-attention group's load mask keeps "
         "blocks past it; 0.29.0 cuts every full-attention spec group, as the local coordinator. "
-        "The suite drives the store coordinator from 0.28.0 (lookup_mask, store_mask(start_token))"),
+        "The suite drives the store coordinator from 0.26.0 (store_mask(start_token))"),
+    Bug("vllm-49069", "The Mooncake store gives the EAGLE drop per KV-cache group, not per merged spec group",
+        ">=0.24.0,<0.27", "0.27.0", "KV-EXT-005", "external-store",
+        "https://github.com/vllm-project/vllm/pull/49069",
+        "https://github.com/vllm-project/vllm/blob/v0.26.0/vllm/distributed/kv_transfer/kv_connector/v1/"
+        "mooncake/store/coordinator.py",
+        "the lookup drops the EAGLE block in a merged spec group when any member is marked "
+        "is_eagle_group, but store_mask read each KV-cache group's own mark, so an unmarked sibling "
+        "stored its tail without the peek shift and the store never held a whole EAGLE hit "
+        "(DeepSeek-V4 with MTP, #45785)"),
     Bug("mooncake-store-mamba", "The Mooncake store writes Mamba chunks by table position",
         ">=0.22.0,<0.29", "0.29.0", "KV-EXT-008", "external-store", "",
         "https://github.com/vllm-project/vllm/blob/v0.28.0/vllm/distributed/kv_transfer/kv_connector/v1/"

@@ -454,9 +454,11 @@ class StoreDriver(Driver):
             store_flat = self._store_flat()
             if store_flat != flat:
                 # KV-EXT-009: the store's drop in the marked groups, looked up by the store's loop
-                # or by the local one.
+                # or by the local one (whose look-ahead vLLM 0.20 to 0.31 capped at the bound).
                 for alt in {_store_loop(store_flat, cached, bound, hashed, alignment)[0],
-                            hybrid_spec.fixed_point(store_flat, cached, bound, hashed, alignment)[0]} - {want}:
+                            hybrid_spec.fixed_point(store_flat, cached, bound, hashed, alignment)[0],
+                            hybrid_spec.fixed_point(store_flat, cached, bound, hashed, alignment,
+                                                    margin_cap="max_length")[0]} - {want}:
                     check("KV-EXT-009", hit != alt,
                           lambda alt=alt: f"hit {alt}, the hit with the EAGLE drop in the marked groups "
                                   f"{list(setup.eagle_groups)} although EAGLE is off; the local hybrid loop over "

@@ -18,11 +18,11 @@ import attrs
 import pytest
 from broken_hybrid_engines import MambaEagleMargin, _Unchecked
 from broken_loop import broken_fixed_point
-from broken_store_gap_engines import _UncheckedCoordinator
+from broken_store_gap_engines import _MarkedGroupsDrop, _UncheckedCoordinator
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.external_store import LookUp as StoreLookUp
-from kvoracle.conformance.external_store import ReferenceExternalStore, Store, StoreSetup
+from kvoracle.conformance.external_store import Put, ReferenceExternalStore, Store, StoreSetup
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.hybrid_lookup import HybridSetup, LookUp, ReferenceHybridLookup, Seed
@@ -145,6 +145,18 @@ class StoreLookAheadCappedAtBound(ReferenceExternalStore):
     coordinator_class = _CappedStoreLoop
 
 
+class _MarkedDropCapped(_MarkedGroupsDrop, _CappedStoreLoop):
+    pass
+
+
+class StoreDropsMarkedGroupsCapped(ReferenceExternalStore):
+    """The Mooncake store of vLLM 0.26 - 0.31: the EAGLE drop in marked groups with EAGLE off
+    (KV-EXT-009), in a loop whose look-ahead stops at the bound."""
+
+    name = "broken-store-marked-drop-capped"
+    coordinator_class = _MarkedDropCapped
+
+
 # -- the states --------------------------------------------------------------------------------
 WINDOW_OF_1 = ConfigureGroups((("sliding_window", 1, 1),), 1, 2, 4, enable_caching=False)
 SHARED = HybridSetup(groups=(("full", 1, 0), ("full", 1, 0)), hash_block_size=1, num_blocks=9,
@@ -180,6 +192,13 @@ CASES = {
         StoreSetup(groups=(("full", 1, 0), ("full", 1, 0), ("sliding_window", 1, 1)), hash_block_size=1,
                    use_eagle=True, eagle_groups=(False, False, False), prompts=((0, 0),), partial=False),
         Store(prompt=0, aligned_len=2), StoreLookUp(prompt=0, max_length=None)]),
+    # vLLM 0.26.0 - 0.29.0's shrunk counterexample (charged to KV-EXT-001 before): hit 0, the
+    # local loop's 2.
+    "marked drop, capped look-ahead, store": ("external-store", StoreDropsMarkedGroupsCapped, "KV-EXT-009", [
+        StoreSetup(groups=(("chunked_local", 1, 1), ("sliding_window", 1, 1)), hash_block_size=1,
+                   use_eagle=False, eagle_groups=(False, True), prompts=((0, 0, 0),), partial=False),
+        Put(prompt=0, group=0, hash_indices=()), Put(prompt=0, group=1, hash_indices=(1, 2)),
+        StoreLookUp(prompt=0, max_length=None)]),
     # vLLM #43559's state: hit 32 while full attention holds 28 tokens.
     "Mamba look-ahead": ("hybrid", MambaEagleMargin, "KV-MAMBA-002", [
         MAMBA_AND_FULL, Seed(0, 0, (T,) * 8), Seed(0, 1, (T,) * 8), LookUp(0)]),

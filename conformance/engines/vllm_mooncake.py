@@ -1,4 +1,4 @@
-"""vLLM's Mooncake store coordinator (vLLM 0.28 and later) behind the external-store adapter.
+"""vLLM's Mooncake store coordinator (vLLM 0.26 and later) behind the external-store adapter.
 
 Wraps ``MooncakeStoreCoordinator(kv_cache_groups, scheduler_block_size,
 hash_block_size, use_eagle=..., retention_interval=None,
@@ -12,7 +12,7 @@ Configured off: prefix-cache retention interval (``None``: dense), DCP/PCP,
 ``num_prompt_tokens`` replay boundaries in ``store_mask``. Mamba groups use the
 ``"align"`` cache mode. Releases are told apart by what they offer: the suite needs the
 coordinator's ``lookup_mask`` and a ``store_mask`` that starts at a token, which the
-store coordinator of vLLM 0.22 to 0.27 lacks (the suite is then reported unsupported);
+store coordinator of vLLM 0.22 to 0.25 lacks (the suite is then reported unsupported);
 partial hash hits are offered where the coordinator takes ``enable_partial_hash_hits``.
 vLLM is imported when the adapter is built, never when
 this module is imported.
