@@ -296,6 +296,11 @@ CASES = {
         ConfigureGroups(((FULL, 1, 0), (FULL, 1, 0), (FULL, 2, 0)), 1, 9, 8), AddRequest("r0", (0,)),
         Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Evict((3,)), AppendTokens("r0", (0,)),
         Schedule("r0", 1), Free("r0")]),
+    # vLLM 0.26.0's: the queue the other free order leaves too (charged to KV-POOL-006 then).
+    "partial tail at the prompt end, not the free order": (PartialTailAtPromptEnd, "KV-HLC-006", [
+        ConfigureGroups(((FULL, 2, 0), (FULL, 1, 0), (SWA, 1, 1)), 1, 8, 8), AddRequest("r0", (0,)),
+        Schedule("r0", 1), AppendTokens("r0", (0, 0)), Schedule("r0", 2), Evict((1,)), AppendTokens("r0", (0,)),
+        Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Free("r0")]),
     "ignores partial tail entries": (IgnoresPartialTail, "KV-HLC-006", [
         ConfigureGroups(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
         AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Free("r0")]),
