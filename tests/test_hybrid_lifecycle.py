@@ -16,7 +16,7 @@ from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.suites import capabilities_of, get_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
 from kvoracle.conformance.manager import ManagerDriver
-from kvoracle.conformance.steps import AddRequest, AppendTokens, ConfigureGroups, Evict, Free, Schedule
+from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, Schedule
 from kvoracle.reference import KVCacheManager, Request, SingleTypeManager
 from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.reference.kv_cache_spec import CrossAttentionSpec, FullAttentionSpec, MambaSpec, SlidingWindowSpec
@@ -291,16 +291,6 @@ CASES = {
     "Mamba keeps every state": (MambaKeepsEveryState, "KV-HLC-008", [
         ConfigureGroups(((FULL, 2, 0), (MAMBA, 2, 0)), 1, 40, 16, enable_caching=False),
         AddRequest("a", (1, 2, 3, 0, 1)), Schedule("a", 3), Schedule("a", 2)]),
-    # vLLM 0.27.1's shrunk counterexample (charged to KV-HLC-004 before the suite named it).
-    "partial tail at the prompt end": (PartialTailAtPromptEnd, "KV-HLC-006", [
-        ConfigureGroups(((FULL, 1, 0), (FULL, 1, 0), (FULL, 2, 0)), 1, 9, 8), AddRequest("r0", (0,)),
-        Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Evict((3,)), AppendTokens("r0", (0,)),
-        Schedule("r0", 1), Free("r0")]),
-    # vLLM 0.26.0's: the queue the other free order leaves too (charged to KV-POOL-006 then).
-    "partial tail at the prompt end, not the free order": (PartialTailAtPromptEnd, "KV-HLC-006", [
-        ConfigureGroups(((FULL, 2, 0), (FULL, 1, 0), (SWA, 1, 1)), 1, 8, 8), AddRequest("r0", (0,)),
-        Schedule("r0", 1), AppendTokens("r0", (0, 0)), Schedule("r0", 2), Evict((1,)), AppendTokens("r0", (0,)),
-        Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Free("r0")]),
     "ignores partial tail entries": (IgnoresPartialTail, "KV-HLC-006", [
         ConfigureGroups(((FULL, 1, 0), (FULL, 2, 0)), 1, 6, 8, use_eagle=True),
         AddRequest("r0", (0, 0, 0)), Schedule("r0", 3), Free("r0")]),

@@ -19,6 +19,7 @@ import pytest
 from broken_hybrid_engines import MambaEagleMargin, _Unchecked
 from broken_loop import broken_fixed_point
 from broken_store_gap_engines import _MarkedGroupsDrop, _UncheckedCoordinator
+from test_hybrid_lifecycle import PartialTailAtPromptEnd, _engine
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.external_store import LookUp as StoreLookUp
@@ -32,6 +33,7 @@ from kvoracle.conformance.steps import (
     CommonPrefix,
     Configure,
     ConfigureGroups,
+    Evict,
     Free,
     Schedule,
 )
@@ -199,6 +201,16 @@ CASES = {
                    use_eagle=False, eagle_groups=(False, True), prompts=((0, 0, 0),), partial=False),
         Put(prompt=0, group=0, hash_indices=()), Put(prompt=0, group=1, hash_indices=(1, 2)),
         StoreLookUp(prompt=0, max_length=None)]),
+    # vLLM 0.27.1's shrunk counterexample (charged to KV-HLC-004 before the suite named it).
+    "partial tail at the prompt end": ("manager", _engine(PartialTailAtPromptEnd), "KV-HLC-006", [
+        ConfigureGroups((("full", 1, 0), ("full", 1, 0), ("full", 2, 0)), 1, 9, 8), AddRequest("r0", (0,)),
+        Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Evict((3,)), AppendTokens("r0", (0,)),
+        Schedule("r0", 1), Free("r0")]),
+    # vLLM 0.26.0's: the queue the other free order leaves too (charged to KV-POOL-006 then).
+    "partial tail at the prompt end, not the free order": ("manager", _engine(PartialTailAtPromptEnd), "KV-HLC-006", [
+        ConfigureGroups((("full", 2, 0), ("full", 1, 0), ("sliding_window", 1, 1)), 1, 8, 8), AddRequest("r0", (0,)),
+        Schedule("r0", 1), AppendTokens("r0", (0, 0)), Schedule("r0", 2), Evict((1,)), AppendTokens("r0", (0,)),
+        Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Free("r0")]),
     # vLLM #43559's state: hit 32 while full attention holds 28 tokens.
     "Mamba look-ahead": ("hybrid", MambaEagleMargin, "KV-MAMBA-002", [
         MAMBA_AND_FULL, Seed(0, 0, (T,) * 8), Seed(0, 1, (T,) * 8), LookUp(0)]),
