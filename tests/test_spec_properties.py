@@ -135,6 +135,8 @@ TESTED = {
     "hybrid_lifecycle.blocks_to_cache",
     "hybrid_lifecycle.partial_tail_boundary",
     "hybrid_lifecycle.mamba_slots",
+    # (and in tests/test_release_rules.py, the lagging Mamba releases' replays)
+    "hybrid_lifecycle.lagging_mamba_tokens",
     # Data integrity: slot_value and slot_violation also in tests/test_gpu.py.
     "data_integrity.slot_value",
     "data_integrity.slot_violation",
@@ -800,3 +802,14 @@ def test_first_relied_position_only_moves_forward_and_keeps_the_window(
     expected = {"full": num_tokens, "sliding_window": min(num_tokens, param - 1),
                 "chunked_local": num_tokens % param}[kind]
     assert relied == expected
+
+
+@given(st.integers(0, 64), st.integers(0, 8))
+def test_a_lagging_mamba_group_frees_as_if_its_drafts_were_rejected(num_computed: int, num_speculative: int) -> None:
+    """KV-HLC-009: the computed tokens less num_speculative_blocks, never below 0, and so never
+    more skipped tokens than KV-HLC-008's."""
+    from kvoracle.spec import hybrid_lifecycle
+    lagged = hybrid_lifecycle.lagging_mamba_tokens(num_computed, num_speculative)
+    assert lagged == max(0, num_computed - num_speculative)
+    assert (hybrid_lifecycle.skipped_tokens("mamba", 0, lagged)
+            <= hybrid_lifecycle.skipped_tokens("mamba", 0, num_computed))
