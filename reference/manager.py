@@ -279,7 +279,7 @@ class KVCacheManager:
     @icontract.snapshot(lambda self, request: tuple(
         g.num_cached_block.get(request.request_id, 0) for g in self.groups), name="num_cached", enabled=ENABLED)
     @icontract.ensure(lambda self, request, OLD: _cached_as_specified(self, request, OLD),
-                      "KV-LIFE-007/KV-HLC-005: every reachable committed block is cached under its key",
+                      "KV-LIFE-007/KV-HLC-005/KV-SWA-012: every reachable committed block is cached under its key",
                       enabled=ENABLED)
     def _cache(self, request: Request, num_tokens: int) -> None:
         for group in self.groups:

@@ -221,7 +221,8 @@ def skipped_tokens(kind: str, param: int, num_computed_tokens: int) -> int:
 
 @icontract.require(lambda num_computed_tokens, num_speculative_blocks:
                    num_computed_tokens >= 0 and num_speculative_blocks >= 0, enabled=ENABLED)
-@icontract.ensure(lambda result, num_computed_tokens: 0 <= result <= num_computed_tokens, enabled=ENABLED)
+@icontract.ensure(lambda result, num_computed_tokens: 0 <= result <= num_computed_tokens,
+                  "KV-HLC-009: a lagging group frees at no more than the computed tokens", enabled=ENABLED)
 @defines(KV_HLC_009)
 def lagging_mamba_tokens(num_computed_tokens: int, num_speculative_blocks: int) -> int:
     """The computed tokens a lagging Mamba group frees its skipped blocks at (KV-HLC-009)."""
