@@ -237,8 +237,7 @@ class EngineCaller:
         """Build an adapter: its constructor is engine code too. The first build of a run
         (``loading``) imports the engine: it may use up to :data:`LOAD_TIMEOUT` seconds."""
         return self._run("the adapter's constructor", factory, (), {},
-                         LOAD_TIMEOUT if loading and self.timeout is not None and self.timeout < LOAD_TIMEOUT
-                         else None)
+                         max(self.timeout, LOAD_TIMEOUT) if loading and self.timeout is not None else None)
 
     def __call__(self, engine: Any, operation: str, *args: Any, **kwargs: Any) -> Any:
         if operation in self.quarantine.hung:
