@@ -83,6 +83,14 @@ ZOO: tuple[Bug, ...] = (
         "SlidingWindowManager.find_longest_cache_hit asserts block_size == alignment_tokens with "
         "EAGLE ('aligned_length is not compatible with eagle now'); a hybrid model whose window "
         "group has a smaller block than another group cannot look anything up"),
+    Bug("vllm-44082", "The sliding-window cache mask leaves out the block an EAGLE hit peeks at",
+        ">=0.22.0,<0.23", "0.23.0", "KV-SWA-012", "manager",
+        "https://github.com/vllm-project/vllm/pull/44082",
+        "https://github.com/vllm-project/vllm/blob/v0.22.1/vllm/v1/core/single_type_kv_cache_manager.py",
+        "SlidingWindowManager._cache_block_mask (new in 0.22.0, PR #42258) caches the last "
+        "cdiv(window - 1, block_size) blocks of each aligned segment, as a lookup without EAGLE "
+        "reads them; an EAGLE lookup needs one block more, one block later, so an EAGLE model with "
+        "a window group finer than the alignment never hits"),
     Bug("vllm-51482", "With prefix caching off, freed blocks go to the back of the free queue",
         ">=0.27.0,<0.28", "0.28.0", "KV-POOL-006", "manager",
         "https://github.com/vllm-project/vllm/pull/51482",
