@@ -67,7 +67,8 @@ def _options(args: argparse.Namespace):
         step_timeout=None if args.step_timeout == 0 else args.step_timeout,
         timeout_clock=args.timeout_clock, max_rounds=args.max_rounds,
         replay_dir=None if args.no_replay else Path(args.replay_dir),
-        hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None)
+        hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
+        fail_fast=args.fail_fast)
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]
@@ -168,7 +169,7 @@ def _work(args: argparse.Namespace, options, expectations) -> int:
                             expectations=expectations, explicit=args.suite is not None, trail=trail,
                             checkpoint=Checkpoints(directory), fresh_after_hang=True)
         summary = {"unsupported": result.unsupported, "incomplete": result.incomplete,
-                   "handed_on": result.handed_on}
+                   "handed_on": result.handed_on, "not_run": result.not_run}
     except (EngineLoadError, ExpectationsError) as error:
         print(f"error: {error}", file=sys.stderr)
         summary = {"usage_error": str(error)}
@@ -255,6 +256,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--timeout-clock", choices=("engine", "wall"), default="engine",
                        help="engine: wall time less time spent waiting for a CPU, so that load on the machine "
                             "never counts (default); wall: plain wall time")
+    check.add_argument("--fail-fast", action="store_true",
+                       help="stop at the first failure that makes the verdict not OK: shrink the first "
+                            "failing example at once, run no further round or suite (for CI)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")

@@ -46,6 +46,8 @@ _OPTIONS = (
                           help="a TOML file of expected failures, added to the engine's packaged one")),
     ("hypothesis-dir", dict(default=None, metavar="DIR",
                             help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis)")),
+    ("fail-fast", dict(action="store_true", default=False,
+                       help="shrink a suite's first failing example at once and run no further round")),
 )
 
 
@@ -68,7 +70,8 @@ def _run_options(config: pytest.Config):
         seed=_option(config, "seed"), step_timeout=None if timeout == 0 else timeout,
         timeout_clock=_option(config, "timeout-clock"), max_rounds=_option(config, "max-rounds"),
         replay_dir=Path(_option(config, "replay-dir")),
-        hypothesis_dir=Path(_option(config, "hypothesis-dir")) if _option(config, "hypothesis-dir") else None)
+        hypothesis_dir=Path(_option(config, "hypothesis-dir")) if _option(config, "hypothesis-dir") else None,
+        fail_fast=_option(config, "fail-fast"))
     problems = options.problems() + ([f"step timeout must be >= 0, got {timeout}"] if timeout < 0 else [])
     if problems:
         raise pytest.UsageError("kvoracle: " + "; ".join(problems))

@@ -304,6 +304,25 @@ def test_a_users_expectations_file_turns_a_failure_into_an_expected_one(tmp_path
     assert with_file.returncode == 0, with_file.stdout[-3000:]
 
 
+def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_run(tmp_path: Path) -> None:
+    report = tmp_path / "r.json"
+    common = ["--engine", "broken_engines:ForwardFree", "--suite", "lockstep", "--suite", "hybrid-lifecycle",
+              "--max-examples", "60", "--no-replay", "--json", str(report)]
+    done = _check(*common, "--fail-fast")
+    assert done.returncode == 1, done.stdout[-3000:] + done.stderr
+    data = json.loads(report.read_text())
+    assert data["options"]["fail_fast"] is True
+    assert [(s["part"], s["rounds"]) for s in data["suites"]] == [("lockstep", 1)]
+    assert data["not_run_suites"] == ["hybrid-lifecycle"]
+    assert "hybrid-lifecycle: not run (--fail-fast" in done.stdout
+    assert next(r for r in data["rules"] if r["id"] == "KV-POOL-007")["outcome"] == "fail"
+    # Without it, the same run goes on to a second round and the other suite.
+    _check(*common)
+    data = json.loads(report.read_text())
+    assert [s["part"] for s in data["suites"]] == ["lockstep", "hybrid-lifecycle"]
+    assert data["suites"][0]["rounds"] > 1 and data["not_run_suites"] == []
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_reports_its_verdicts_marked_incomplete(tmp_path: Path) -> None:
     report = tmp_path / "r.json"

@@ -116,6 +116,8 @@ def format_table(result: CheckResult) -> str:
             lines.append(f"INTERNAL ERROR (a kvoracle bug, please report): {error}")
     for name, reason in result.unsupported.items():
         lines.append(f"{name}: not run ({reason})")
+    for name in result.not_run:
+        lines.append(f"{name}: not run (--fail-fast: an earlier suite failed)")
     if result.incomplete:
         lines.append(f"INCOMPLETE: {result.incomplete}; the verdicts above are those so far")
     # A cut-short run convicts only on what it found: a rule it had not reached yet is no failure.
@@ -183,9 +185,11 @@ def to_json(result: CheckResult) -> dict:
         "seed": result.options.seed,
         "options": {"max_examples": result.options.max_examples, "step_count": result.options.step_count,
                     "step_timeout": result.options.step_timeout,
-                    "timeout_clock": result.options.timeout_clock, "max_rounds": result.options.max_rounds},
+                    "timeout_clock": result.options.timeout_clock, "max_rounds": result.options.max_rounds,
+                    "fail_fast": result.options.fail_fast},
         "suites": [_run_json(run) for run in result.runs],
         "unsupported_suites": result.unsupported,
+        "not_run_suites": result.not_run,
         "examples": sum(run.examples for run in result.runs),
         "rounds": sum(run.rounds for run in result.runs),
         "duration_s": round(sum(run.duration_s for run in result.runs), 3),

@@ -59,6 +59,9 @@ class RunOptions:
     replay_dir: Path | None = Path("kvoracle-replays")
     #: Hypothesis' own directory (``None``: :func:`default_hypothesis_dir`).
     hypothesis_dir: Path | None = None
+    #: End at the first failure that makes the verdict not OK: Hypothesis shrinks the first
+    #: failing example it finds instead of looking on for others, no later round or suite runs.
+    fail_fast: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with these options (``kvoracle check`` refuses them before running)."""
@@ -235,7 +238,9 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                 # Several bugs per round, each shrunk on its own: with a single bug, Hypothesis
                 # lets the shrinker slip from one failure to any smaller one, so a rule whose
                 # failures also break a later check was reported under that other rule.
-                verbosity=Verbosity.quiet, report_multiple_bugs=True,
+                # (With fail_fast the first failing example is shrunk at once; the rule it
+                # ends under is still one it really fails.)
+                verbosity=Verbosity.quiet, report_multiple_bugs=not options.fail_fast,
                 phases=(Phase.explicit, Phase.generate, Phase.shrink))
             test = hypothesis.seed(options.seed + round_index)(get_state_machine_test(machine, settings=settings))
             say(f"{suite.name} round {result.rounds}: up to {max_examples} examples of up to "
@@ -249,10 +254,16 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                 if not _record_round_failures(error, verdicts, seen_before, result, say):
                     break
                 note(result)
+                if options.fail_fast and not verdicts.ok():
+                    say("  fail-fast: no further round")
+                    break
                 continue
             hangs = verdicts.suppressed - recorded_before
             for rule_id in sorted(hangs):
                 say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")
+            if hangs and options.fail_fast and not verdicts.ok():
+                say("  fail-fast: no further round")
+                break
             if hangs:
                 continue
             say("  no new failure")
@@ -313,6 +324,8 @@ class CheckResult:
     #: Suites not run here because an engine call of an earlier suite never answered and may
     #: still be running in this process: a fresh process should run them (``fresh_after_hang``).
     handed_on: list[str] = attrs.Factory(list)
+    #: Suites not run because an earlier one failed under ``fail_fast``.
+    not_run: list[str] = attrs.Factory(list)
 
     @property
     def ok(self) -> bool:
@@ -357,6 +370,10 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
         check.runs.append(result)
         if result.incomplete is not None:
             check.incomplete = f"{suite.name}: {result.incomplete}"
+            break
+        if options.fail_fast and not result.ok and index + 1 < len(plans):
+            check.not_run = [later.alias or later.name for later, _ in plans[index + 1:]]
+            say(f"fail-fast: not running {', '.join(check.not_run)}")
             break
         if fresh_after_hang and result.abandoned and index + 1 < len(plans):
             check.handed_on = [later.name for later, _ in plans[index + 1:]]

@@ -189,6 +189,10 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
             for name in data.get("unsupported", {}):
                 if name in remaining:
                     remaining.remove(name)
+            for name in data.get("not_run", []):  # --fail-fast stopped before them
+                result.not_run.append(name)
+                if name in remaining:
+                    remaining.remove(name)
             if data.get("usage_error"):
                 raise WorkerUsageError(data["usage_error"])
             if data.get("incomplete"):

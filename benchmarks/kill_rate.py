@@ -1,0 +1,245 @@
+#!/usr/bin/env python
+"""Kill rate: how many of vLLM's source mutants the suites convict, per suite and per seed.
+
+Run with the Python of a vLLM 0.33 environment (``scripts/install_vllm.sh``)::
+
+    .venv-vllm/bin/python benchmarks/kill_rate.py --seeds 0 1 2 --json build/kill-rate.json
+    .venv-vllm/bin/python benchmarks/kill_rate.py --mutants pool.touch.double-ref --seeds 0
+    .venv-vllm/bin/python benchmarks/kill_rate.py --check     # every mutant applies, none runs
+
+For each mutant (``benchmarks/mutants_vllm``) and seed, the engine runs with the mutant in
+place through the suites of ``kvoracle check --engine vllm`` -- the mutant's own suite first,
+then the others -- with the default budget, until a suite reports a rule with a shrunk
+counterexample (*killed*, with the rule and the seconds to conviction from the mutant's first
+step) or every suite ends without one (*survived*). A rule that also fails on the unmutated
+engine (measured first, same seed) is not a kill. Equivalent mutants are listed with their
+reason, never run.
+
+Each mutant runs in a child process of its own, so that an engine call a mutant sends into a
+loop (abandoned by the step timeout, but still holding the interpreter) cannot slow the next
+mutant; a child that abandoned a call hands its remaining seeds to a fresh child.
+
+A benchmark, not a test: it prints figures (kill rate per suite and per seed, median and
+slowest conviction) and exits 1 when a mutant survives a seed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+if str(HERE) not in sys.path:
+    sys.path.insert(0, str(HERE))
+
+SUITES = ("manager", "hybrid", "external-store")
+
+#: A rule the runner reports with its counterexample (the line it prints for a conviction).
+_REPORTED = re.compile(r"^\s+(?:failure|engine error)(?: \(flaky\))?: (KV-[A-Z]+-\d{3}) ")
+
+
+class _Killed(BaseException):
+    """Ends a suite run at the first conviction (not an ``Exception``: nothing swallows it)."""
+
+
+def _suite_order(home: str) -> list[str]:
+    return [home, *(suite for suite in SUITES if suite != home)]
+
+
+def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
+            baseline: dict[str, list[str]], fail_fast: bool) -> dict[str, Any]:
+    """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
+    from kvoracle.conformance.engines import EngineLoadError
+    from kvoracle.conformance.harness.expectations import expectations_path, load_expectations
+    from kvoracle.conformance.harness.runner import RunOptions, run_suite
+    from mutants_vllm import MUTANTS
+    from mutation import applied
+
+    import contextlib
+
+    import vllm
+
+    mutant = MUTANTS[key] if key else None
+    order = _suite_order(mutant.suite if mutant else "manager")
+    options = RunOptions(max_examples=max_examples, step_count=step_count, seed=seed,
+                         replay_dir=None, fail_fast=fail_fast)
+    row: dict[str, Any] = {"mutant": key, "seed": seed, "killed": False, "rule": None, "suite": None,
+                           "convicted_s": None, "message": None, "failing": {}, "abandoned": False}
+    start = time.perf_counter()
+    with applied(mutant) if mutant else contextlib.nullcontext():
+        for suite in order:
+            reported: list[str] = []
+            ignored = set(baseline.get(suite, ()))
+
+            def progress(message: str, reported: list[str] = reported, ignored: set = ignored) -> None:
+                match = _REPORTED.match(message)
+                if match:
+                    reported.append(match.group(1))
+                    if mutant and match.group(1) not in ignored:
+                        row["message"] = message.strip()
+                        raise _Killed(match.group(1))
+
+            expected = load_expectations(expectations_path("vllm"), vllm.__version__, suite)
+            try:
+                result = run_suite("vllm", options, progress=progress, expectations=expected, suite=suite)
+            except _Killed as killed:
+                row.update(killed=True, rule=str(killed), suite=suite,
+                           convicted_s=round(time.perf_counter() - start, 2))
+                break
+            except EngineLoadError as error:
+                row["failing"][suite] = f"unsupported: {error}"
+                continue
+            row["failing"][suite] = sorted(r for r, o in result.verdicts.outcomes.items()
+                                           if o.outcome in ("fail", "error"))
+            if result.abandoned:
+                row["abandoned"] = True
+                break
+    row["run_s"] = round(time.perf_counter() - start, 2)
+    return row
+
+
+def _child(args: argparse.Namespace) -> int:
+    baseline = json.loads(args.baseline) if args.baseline else {}
+    for seed in args.seeds:
+        row = run_one(args.one or None, seed, args.max_examples, args.steps, baseline, args.fail_fast)
+        print("ROW " + json.dumps(row), flush=True)
+        if row["abandoned"]:
+            return 3  # the parent starts a fresh child for the remaining seeds
+    return 0
+
+
+def _spawn(key: str, seeds: list[int], args: argparse.Namespace, baseline: dict) -> list[dict]:
+    rows: list[dict] = []
+    remaining = list(seeds)
+    while remaining:
+        command = [sys.executable, str(Path(__file__).resolve()), "--one", key, "--seeds",
+                   *map(str, remaining), "--max-examples", str(args.max_examples), "--steps",
+                   str(args.steps), "--baseline", json.dumps(baseline)]
+        if args.fail_fast:
+            command.append("--fail-fast")
+        proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
+        got = [json.loads(line[4:]) for line in proc.stdout.splitlines() if line.startswith("ROW ")]
+        if not got:  # the child died before its first row: kvoracle's or the mutant's crash
+            rows.append({"mutant": key, "seed": remaining[0], "killed": False, "rule": None,
+                         "error": proc.stderr.strip().splitlines()[-1:] or [f"exit {proc.returncode}"]})
+            remaining = remaining[1:]
+            continue
+        rows.extend(got)
+        done = {row["seed"] for row in got}
+        remaining = [seed for seed in remaining if seed not in done]
+        if proc.returncode not in (0, 3) and remaining:
+            rows.append({"mutant": key, "seed": remaining[0], "killed": False, "rule": None,
+                         "error": proc.stderr.strip().splitlines()[-1:]})
+            remaining = remaining[1:]
+    return rows
+
+
+def _check_all() -> int:
+    from mutants_vllm import MUTANTS
+    from mutation import StaleMutant, applied
+
+    bad = 0
+    for key, mutant in MUTANTS.items():
+        try:
+            with applied(mutant):
+                pass
+        except StaleMutant as error:
+            bad += 1
+            print(f"STALE {error}")
+    print(f"{len(MUTANTS) - bad} of {len(MUTANTS)} mutants apply")
+    return 1 if bad else 0
+
+
+def summarize(rows: list[dict], mutants: dict) -> tuple[str, bool]:
+    """The kill-rate tables (per suite, per seed) and the slowest convictions."""
+    lines = []
+    seeds = sorted({row["seed"] for row in rows})
+    by_suite: dict[str, list[dict]] = {}
+    for row in rows:
+        by_suite.setdefault(mutants[row["mutant"]].suite, []).append(row)
+    lines.append("| suite | mutants | " + " | ".join(f"seed {s}" for s in seeds) + " |")
+    lines.append("|---|---|" + "---|" * len(seeds))
+    for suite in SUITES:
+        suite_rows = by_suite.get(suite, [])
+        if not suite_rows:
+            continue
+        cells = []
+        for seed in seeds:
+            seed_rows = [r for r in suite_rows if r["seed"] == seed]
+            cells.append(f"{sum(r['killed'] for r in seed_rows)}/{len(seed_rows)}")
+        lines.append(f"| {suite} | {len({r['mutant'] for r in suite_rows})} | " + " | ".join(cells) + " |")
+    times = [row["convicted_s"] for row in rows if row["killed"]]
+    if times:
+        lines.append("")
+        lines.append(f"conviction: median {statistics.median(times):.1f} s, slowest {max(times):.1f} s "
+                     f"over {len(times)} kills")
+    survivors = sorted({(row["mutant"], row["seed"]) for row in rows if not row["killed"]})
+    if survivors:
+        lines.append("")
+        lines.append("survived: " + ", ".join(f"{key} (seed {seed})" for key, seed in survivors))
+    return "\n".join(lines), not survivors
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+    parser.add_argument("--mutants", nargs="+", help="mutant keys or key prefixes (default: all)")
+    parser.add_argument("--max-examples", type=int, default=150)
+    parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--fail-fast", action="store_true", help="run the suites as `kvoracle check --fail-fast`")
+    parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
+    parser.add_argument("--no-baseline", action="store_true",
+                        help="skip the unmutated run (every reported rule counts as a kill)")
+    parser.add_argument("--one", help=argparse.SUPPRESS)
+    parser.add_argument("--baseline", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.one is not None:
+        return _child(args)
+    if args.check:
+        return _check_all()
+    from mutants_vllm import MUTANTS
+
+    keys = [key for key in MUTANTS
+            if not args.mutants or any(key == m or key.startswith(m + ".") or key.startswith(m)
+                                       for m in args.mutants)]
+    if not keys:
+        parser.error("no mutant matches --mutants")
+    baseline: dict[str, list[str]] = {}
+    if not args.no_baseline:
+        # The rules the unmutated engine fails (the store's named divergences) are no kill.
+        for row in _spawn("", args.seeds[:1], args, {}):
+            baseline = {suite: failing for suite, failing in row.get("failing", {}).items()
+                        if isinstance(failing, list)}
+        print(f"unmutated vLLM fails: {baseline}", flush=True)
+    rows: list[dict] = []
+    for key in keys:
+        mutant = MUTANTS[key]
+        if mutant.equivalent:
+            print(f"{key:<44} equivalent: {mutant.equivalent}", flush=True)
+            continue
+        for row in _spawn(key, args.seeds, args, baseline):
+            rows.append(row)
+            what = (f"killed by {row['rule']} ({row['suite']}) in {row['convicted_s']} s" if row["killed"]
+                    else f"ERROR {row['error']}" if "error" in row else "SURVIVED")
+            print(f"{key:<44} seed {row['seed']}: {what}", flush=True)
+    table, good = summarize(rows, MUTANTS)
+    print()
+    print(table)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
+                                         "fail_fast": args.fail_fast, "rows": rows}, indent=1) + "\n")
+    return 0 if good else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
