@@ -57,15 +57,15 @@ def _suite_order(home: str) -> list[str]:
 def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
             baseline: dict[str, list[str]], fail_fast: bool) -> dict[str, Any]:
     """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
-    from kvoracle.conformance.engines import EngineLoadError
-    from kvoracle.conformance.harness.expectations import expectations_path, load_expectations
-    from kvoracle.conformance.harness.runner import RunOptions, run_suite
-    from mutants_vllm import MUTANTS
-    from mutation import applied
-
     import contextlib
 
     import vllm
+    from mutants_vllm import MUTANTS
+    from mutation import applied
+
+    from kvoracle.conformance.engines import EngineLoadError
+    from kvoracle.conformance.harness.expectations import expectations_path, load_expectations
+    from kvoracle.conformance.harness.runner import RunOptions, run_suite
 
     mutant = MUTANTS[key] if key else None
     order = _suite_order(mutant.suite if mutant else "manager")
@@ -147,7 +147,7 @@ def _check_all() -> int:
     from mutation import StaleMutant, applied
 
     bad = 0
-    for key, mutant in MUTANTS.items():
+    for mutant in MUTANTS.values():
         try:
             with applied(mutant):
                 pass

@@ -137,7 +137,9 @@ def mutated_source(mutant: Mutant) -> str:
 
 def _compile(mutant: Mutant, raw: Any, source: str, owner: Any) -> Any:
     function = _function_of(raw)
-    if function.__closure__:
+    # A zero-argument super() gives a method a __class__ cell (rewritten below); any other
+    # free variable belongs to an enclosing function the edit cannot see.
+    if set(function.__code__.co_freevars) - {"__class__"}:
         raise StaleMutant(f"{mutant.key}: {mutant.target} is a closure; it cannot be recompiled")
     if isinstance(owner, type) and "super()" in source:
         # A zero-argument super() needs the class cell of a class body; name the class.
@@ -152,7 +154,7 @@ def _compile(mutant: Mutant, raw: Any, source: str, owner: Any) -> Any:
     # Compiled against the module's own globals (names the engine sets at run time, such
     # as its hash seed, stay live); the definition itself lands in a namespace of its own.
     namespace: dict[str, Any] = {}
-    exec(code, function.__globals__, namespace)  # noqa: S102 -- the engine's own source, edited
+    exec(code, function.__globals__, namespace)
     new = _function_of(namespace[function.__name__])
     new.__qualname__ = function.__qualname__
     new.__module__ = function.__module__
