@@ -23,7 +23,9 @@ MUTANTS: tuple[Mutant, ...] = (
            note="a free hit stays in the free queue while referenced (it can be evicted)"),
     Mutant("pool.touch.touches-null", f"{POOL}.touch",
            "if block.is_null:", "if False:", "skipped-step", "manager",
-           note="the null block is touched like any other block"),
+           note="the null block is touched like any other block",
+           equivalent="vLLM 0.33 keeps no reference count for the null block (free_blocks skips it and "
+                      "nothing reads it), so a touch of it changes nothing a step can observe"),
     # -- BlockPool.free_blocks ---------------------------------------------------------------
     Mutant("pool.free.frees-referenced", f"{POOL}.free_blocks",
            "if block.ref_cnt == 0:", "if block.ref_cnt <= 1:", "off-by-one", "manager",
@@ -71,7 +73,9 @@ MUTANTS: tuple[Mutant, ...] = (
            note="the cache is reset while one request still holds a block"),
     Mutant("pool.reset.keeps-block-hashes", f"{POOL}.reset_prefix_cache",
            "block.reset_hash()", "pass", "stale-hash", "manager",
-           note="a reset empties the hash map but leaves every block's hash"),
+           note="a reset empties the hash map but leaves every block's hash",
+           equivalent="a reset needs every block free; a free block's own hash is read only when it is "
+                      "allocated or evicted, and both clear it after looking it up in the emptied map"),
     Mutant("pool.cached.partial-group-hit", f"{POOL}.get_cached_block",
            "return None", "continue", "wrong-group", "hybrid",
            note="a hash cached in some of the groups asked for counts as a hit"),
