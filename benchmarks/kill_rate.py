@@ -55,7 +55,7 @@ def _suite_order(home: str) -> list[str]:
 
 
 def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
-            baseline: dict[str, list[str]], fail_fast: bool) -> dict[str, Any]:
+            baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int = 500) -> dict[str, Any]:
     """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
     import contextlib
 
@@ -70,10 +70,10 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
     mutant = MUTANTS[key] if key else None
     order = _suite_order(mutant.suite if mutant else "manager")
     options = RunOptions(max_examples=max_examples, step_count=step_count, seed=seed,
-                         replay_dir=None, fail_fast=fail_fast)
+                         replay_dir=None, fail_fast=fail_fast, shrink_calls=shrink_calls)
     row: dict[str, Any] = {"mutant": key, "seed": seed, "killed": False, "rule": None, "suite": None,
                            "convicted_s": None, "message": None, "failing": {}, "abandoned": False}
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), time.process_time()
     with applied(mutant) if mutant else contextlib.nullcontext():
         for suite in order:
             reported: list[str] = []
@@ -94,8 +94,10 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
             try:
                 result = run_suite("vllm", options, progress=progress, expectations=expected, suite=suite)
             except _Killed as killed:
+                # CPU time too: this process's own, which other work on the machine does not use up.
                 row.update(killed=True, rule=str(killed), suite=suite,
-                           convicted_s=round(time.perf_counter() - start, 2))
+                           convicted_s=round(time.perf_counter() - start, 2),
+                           convicted_cpu_s=round(time.process_time() - cpu_start, 2))
                 break
             except EngineLoadError as error:
                 row["failing"][suite] = f"unsupported: {error}"
@@ -112,7 +114,8 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
 def _child(args: argparse.Namespace) -> int:
     baseline = json.loads(args.baseline) if args.baseline else {}
     for seed in args.seeds:
-        row = run_one(args.one or None, seed, args.max_examples, args.steps, baseline, args.fail_fast)
+        row = run_one(args.one or None, seed, args.max_examples, args.steps, baseline, args.fail_fast,
+                      args.shrink_calls)
         print("ROW " + json.dumps(row), flush=True)
         if row["abandoned"]:
             return 3  # the parent starts a fresh child for the remaining seeds
@@ -125,7 +128,7 @@ def _spawn(key: str, seeds: list[int], args: argparse.Namespace, baseline: dict)
     while remaining:
         command = [sys.executable, str(Path(__file__).resolve()), "--one", key, "--seeds",
                    *map(str, remaining), "--max-examples", str(args.max_examples), "--steps",
-                   str(args.steps), "--baseline", json.dumps(baseline)]
+                   str(args.steps), "--shrink-calls", str(args.shrink_calls), "--baseline", json.dumps(baseline)]
         if args.fail_fast:
             command.append("--fail-fast")
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -179,11 +182,12 @@ def summarize(rows: list[dict], mutants: dict) -> tuple[str, bool]:
             seed_rows = [r for r in suite_rows if r["seed"] == seed]
             cells.append(f"{sum(r['killed'] for r in seed_rows)}/{len(seed_rows)}")
         lines.append(f"| {suite} | {len({r['mutant'] for r in suite_rows})} | " + " | ".join(cells) + " |")
-    times = [row["convicted_s"] for row in rows if row["killed"]]
-    if times:
-        lines.append("")
-        lines.append(f"conviction: median {statistics.median(times):.1f} s, slowest {max(times):.1f} s "
-                     f"over {len(times)} kills")
+    for what, field in (("wall", "convicted_s"), ("CPU", "convicted_cpu_s")):
+        times = [row[field] for row in rows if row["killed"] and row.get(field) is not None]
+        if times:
+            lines.append("")
+            lines.append(f"conviction ({what} time): median {statistics.median(times):.1f} s, "
+                         f"slowest {max(times):.1f} s over {len(times)} kills")
     survivors = sorted({(row["mutant"], row["seed"]) for row in rows if not row["killed"]})
     if survivors:
         lines.append("")
@@ -198,6 +202,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=int, default=150)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--fail-fast", action="store_true", help="run the suites as `kvoracle check --fail-fast`")
+    parser.add_argument("--shrink-calls", type=int, default=500, help="as `kvoracle check --shrink-calls`")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
     parser.add_argument("--no-baseline", action="store_true",
@@ -240,7 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
-                                         "fail_fast": args.fail_fast, "rows": rows}, indent=1) + "\n")
+                                         "fail_fast": args.fail_fast, "shrink_calls": args.shrink_calls,
+                                         "rows": rows}, indent=1) + "\n")
     return 0 if good else 1
 
 

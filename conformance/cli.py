@@ -56,7 +56,8 @@ def _probe_dir(path: Path, what: str) -> None:
 
 #: RunOptions fields by the flag that sets them.
 _FLAGS = {"max_examples": "--max-examples", "step_count": "--steps", "seed": "--seed",
-          "step_timeout": "--step-timeout", "timeout_clock": "--timeout-clock", "max_rounds": "--max-rounds"}
+          "step_timeout": "--step-timeout", "timeout_clock": "--timeout-clock", "max_rounds": "--max-rounds",
+          "shrink_calls": "--shrink-calls"}
 
 
 def _options(args: argparse.Namespace):
@@ -68,7 +69,7 @@ def _options(args: argparse.Namespace):
         timeout_clock=args.timeout_clock, max_rounds=args.max_rounds,
         replay_dir=None if args.no_replay else Path(args.replay_dir),
         hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
-        fail_fast=args.fail_fast)
+        fail_fast=args.fail_fast, shrink_calls=args.shrink_calls)
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]
@@ -259,6 +260,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--fail-fast", action="store_true",
                        help="stop at the first failure that makes the verdict not OK: shrink the first "
                             "failing example at once, run no further round or suite (for CI)")
+    check.add_argument("--shrink-calls", type=int, default=500,
+                       help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
+                            "counterexample is the same on any machine (default 500)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")

@@ -46,6 +46,8 @@ _OPTIONS = (
                           help="a TOML file of expected failures, added to the engine's packaged one")),
     ("hypothesis-dir", dict(default=None, metavar="DIR",
                             help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis)")),
+    ("shrink-calls", dict(type=int, default=500,
+                          help="test calls Hypothesis may spend shrinking one round's failures (default 500)")),
     ("fail-fast", dict(action="store_true", default=False,
                        help="shrink a suite's first failing example at once and run no further round")),
 )
@@ -71,7 +73,7 @@ def _run_options(config: pytest.Config):
         timeout_clock=_option(config, "timeout-clock"), max_rounds=_option(config, "max-rounds"),
         replay_dir=Path(_option(config, "replay-dir")),
         hypothesis_dir=Path(_option(config, "hypothesis-dir")) if _option(config, "hypothesis-dir") else None,
-        fail_fast=_option(config, "fail-fast"))
+        fail_fast=_option(config, "fail-fast"), shrink_calls=_option(config, "shrink-calls"))
     problems = options.problems() + ([f"step timeout must be >= 0, got {timeout}"] if timeout < 0 else [])
     if problems:
         raise pytest.UsageError("kvoracle: " + "; ".join(problems))

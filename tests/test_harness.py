@@ -248,6 +248,7 @@ def test_the_suites_after_a_hang_run_in_a_fresh_engine_process(runs) -> None:
     (["--replay-dir", "{file}/replays"], "--replay-dir"),
     (["--expectations", "{tmp}/missing.toml"], "no such file"),
     (["--expectations", "{bad}"], "not valid TOML"),
+    (["--shrink-calls", "0"], "--shrink-calls must be >= 1, got 0"),
     (["--engine", "collections:OrderedDict"], "lacks configure"),
     (["--engine", "collections:OrderedDict", "--suite", "hybrid"], "is not a hybrid adapter"),
     (["--engine", "gpu", "--suite", "hybrid"], "has no adapter for the hybrid suite; it has one for: manager"),
@@ -505,7 +506,7 @@ def test_a_round_searches_as_long_after_a_bug_however_busy_the_machine(monkeypat
     """After a round's first bug Hypothesis searched on for ten seconds of wall time, and it
     shrank for at most five minutes: a busy machine ran fewer examples, and the same seed gave
     other checks (it could find other bugs, or shrink less). Runs stop the first clock (the
-    search ends by a count of calls) and count CPU time for the second."""
+    search ends by a count of calls) and make the second a count of test calls."""
     import broken_hybrid_engines
     from hypothesis.internal.conjecture import engine as hypothesis_engine
 
@@ -523,6 +524,49 @@ def test_a_round_searches_as_long_after_a_bug_however_busy_the_machine(monkeypat
     quiet = checks()
     monkeypatch.setattr(hypothesis_engine, "time", _BusyClock())
     assert checks() == quiet
+
+
+@pytest.mark.parametrize("shrink_calls", [1, 2, 7, 500])
+def test_the_shrink_clock_passes_hypothesis_limit_at_the_end_of_the_last_allowed_call(shrink_calls: int) -> None:
+    """Hypothesis sets its shrink deadline to the clock plus its limit when shrinking begins
+    and, after each test call, stops once the clock is past it: so many ticks, so many calls."""
+    from hypothesis.internal.conjecture import engine as hypothesis_engine
+
+    from kvoracle.conformance.harness.determinism import CountingClocks
+
+    clock = CountingClocks(shrink_calls)
+    for _ in range(1234):  # calls of the generation phase before the bug
+        clock.tick()
+    deadline = clock.perf_counter() + hypothesis_engine.MAX_SHRINKING_SECONDS
+    calls = 0
+    while True:
+        clock.tick()  # a test call begins ...
+        calls += 1
+        if deadline < clock.perf_counter():  # ... and Hypothesis checks the limit after it
+            break
+    assert calls == shrink_calls
+    assert clock.monotonic() == clock.monotonic() == 0.0  # the post-bug search clock stands still
+
+
+def test_a_rounds_shrinking_ends_after_its_budget_of_test_calls() -> None:
+    """The shrink limit is a count: a smaller budget ends the same failure's shrink sooner, with a
+    counterexample that still fails the same rule."""
+    import broken_engines
+
+    from kvoracle.conformance.harness import RunOptions, run_suite
+
+    def run(shrink_calls: int):
+        options = RunOptions(max_examples=150, max_rounds=1, replay_dir=None, seed=0, fail_fast=True,
+                             shrink_calls=shrink_calls)
+        result = run_suite(broken_engines.ForwardFree, options, suite="lockstep")
+        failed = [o for o in result.verdicts.outcomes.values() if o.outcome == "fail"]
+        assert [o.rule_id for o in failed] == ["KV-POOL-007"], [o.rule_id for o in failed]
+        return result.examples, len(failed[0].counterexamples[0].steps)
+
+    (short_calls, short_steps), (long_calls, long_steps) = run(3), run(2000)
+    # The generation phase is the same in both runs: the budget alone makes the difference.
+    assert long_calls - short_calls > 3, "the shrink needed no more than three calls: no test of the budget"
+    assert short_steps >= long_steps
 
 
 def test_a_cut_short_run_with_rules_it_never_reached_is_incomplete_not_a_conviction() -> None:

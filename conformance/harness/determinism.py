@@ -19,9 +19,12 @@ seconds of wall time, and it stops shrinking after five minutes. On a machine bu
 with other work a round ran fewer examples in those ten seconds (it found other bugs,
 or none), and a slow shrink was cut short (another counterexample). While a suite runs,
 :func:`independent_of_time` stops the first clock -- the search then ends by Hypothesis's
-count of test calls -- and turns the second into this process's CPU time, which other
-work on the machine does not use up. (The shrink limit stays a limit in time: only it
-bounds the shrinker's unsuccessful attempts.)
+count of test calls -- and makes the second a count too: the shrink clock ticks once per
+test call, so that the five-minute limit becomes a budget of ``shrink_calls`` test calls
+(the only bound on the shrinker's unsuccessful attempts). A round's shrinking then ends
+after the same calls, with the same counterexample, on an idle machine and a busy one,
+fast or slow. (An earlier version counted CPU time instead: free of load, but not of the
+machine's speed, and it let one shrink take minutes.)
 
 Nor on where objects sit in memory, or on the process's string-hash seed. Hypothesis
 labels the spans of a test case by hashing what drew them: the machine's rules (whose
@@ -76,19 +79,34 @@ def independent_of_imports() -> Iterator[None]:
         _providers.CONSTANTS_CACHE.cache.clear()
 
 
-class _LoadFreeClocks:
+class CountingClocks:
     """The ``time`` module as Hypothesis' engine sees it in a run: ``monotonic`` (the search
     after a bug) stands still; ``perf_counter`` (the shrink limit, and phase statistics that
-    kvoracle does not read) is this process's CPU time; anything else is the real module's."""
+    kvoracle does not read) advances by one tick per test call (:meth:`tick`), a tick being
+    Hypothesis' shrink limit divided by ``shrink_calls``; anything else is the real module's."""
+
+    def __init__(self, shrink_calls: int) -> None:
+        if shrink_calls < 1:
+            raise ValueError(f"shrink_calls must be >= 1, got {shrink_calls}")
+        limit = getattr(_engine, "MAX_SHRINKING_SECONDS", 300)
+        # Hypothesis checks the limit after each call: with a tick a hair over limit/calls, the
+        # limit is passed at the end of the shrink_calls-th call, not one call earlier or later.
+        self.seconds_per_call = limit / (shrink_calls - 0.5)
+        self.calls = 0
 
     def __getattr__(self, name: str) -> object:
         return getattr(time, name)
 
+    def tick(self) -> None:
+        """One test call has begun."""
+        self.calls += 1
+
+    def perf_counter(self) -> float:
+        return self.calls * self.seconds_per_call
+
     @staticmethod
     def monotonic() -> float:
         return 0.0
-
-    perf_counter = staticmethod(time.process_time)
 
 
 def stops_the_search_clock() -> bool:
@@ -98,16 +116,18 @@ def stops_the_search_clock() -> bool:
 
 
 @contextlib.contextmanager
-def independent_of_time() -> Iterator[None]:
+def independent_of_time(clock: CountingClocks | None = None) -> Iterator[CountingClocks]:
     """Within the block, Hypothesis' search after a bug ends by its count of calls, and its
-    shrink limit counts this process's CPU time, not wall time."""
+    shrinking after the clock's ``shrink_calls`` test calls (default 500). The caller calls the
+    clock's ``tick()`` at the start of every test call."""
+    clock = clock or CountingClocks(500)
     if not stops_the_search_clock():
-        yield
+        yield clock
         return
     running = _engine.time
-    _engine.time = _LoadFreeClocks()  # type: ignore[assignment]
+    _engine.time = clock  # type: ignore[assignment]
     try:
-        yield
+        yield clock
     finally:
         _engine.time = running  # type: ignore[assignment]
 

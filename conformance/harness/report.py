@@ -186,7 +186,7 @@ def to_json(result: CheckResult) -> dict:
         "options": {"max_examples": result.options.max_examples, "step_count": result.options.step_count,
                     "step_timeout": result.options.step_timeout,
                     "timeout_clock": result.options.timeout_clock, "max_rounds": result.options.max_rounds,
-                    "fail_fast": result.options.fail_fast},
+                    "fail_fast": result.options.fail_fast, "shrink_calls": result.options.shrink_calls},
         "suites": [_run_json(run) for run in result.runs],
         "unsupported_suites": result.unsupported,
         "not_run_suites": result.not_run,

@@ -28,7 +28,7 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from .calls import CLOCKS, EngineCaller, EngineError, Trail
-from .determinism import independent_of_hashing, independent_of_imports, independent_of_time
+from .determinism import CountingClocks, independent_of_hashing, independent_of_imports, independent_of_time
 from .engines import EngineLoadError, engine_factory, engine_spec_of
 from .machine import bind_machine
 from .replay import write_replay
@@ -62,11 +62,14 @@ class RunOptions:
     #: End at the first failure that makes the verdict not OK: Hypothesis shrinks the first
     #: failing example it finds instead of looking on for others, no later round or suite runs.
     fail_fast: bool = False
+    #: Test calls Hypothesis may spend shrinking the failures one round found: a count, not a
+    #: time, so that a counterexample is the same on any machine, and a conviction takes seconds.
+    shrink_calls: int = 500
 
     def problems(self) -> list[str]:
         """What is wrong with these options (``kvoracle check`` refuses them before running)."""
         found = []
-        for name in ("max_examples", "step_count", "max_rounds"):
+        for name in ("max_examples", "step_count", "max_rounds", "shrink_calls"):
             if getattr(self, name) < 1:
                 found.append(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.step_timeout is not None and not self.step_timeout > 0:
@@ -218,7 +221,10 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             and not caller.measures_engine_time:
         say("  note: no per-thread scheduler statistics here; step timeouts are wall time")
 
+    clock = CountingClocks(options.shrink_calls)
+
     def count_example() -> None:
+        clock.tick()
         note(result)
         result.examples += 1
         if result.examples % 50 == 0:
@@ -248,7 +254,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             recorded_before = set(verdicts.suppressed)
             seen_before = set(verdicts.first_seen)
             try:
-                with independent_of_imports(), independent_of_time(), independent_of_hashing():
+                with independent_of_imports(), independent_of_time(clock), independent_of_hashing():
                     test()
             except (HypothesisException, Exception) as error:
                 if not _record_round_failures(error, verdicts, seen_before, result, say):
