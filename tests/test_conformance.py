@@ -79,6 +79,8 @@ def test_a_failed_check_raises_a_violation_naming_the_rule() -> None:
 
 def test_expected_failures_are_strict() -> None:
     verdicts = Verdicts(Capabilities(), expectations={"KV-POOL-007": "known divergence"})
+    # Never checked: the expectation was not tested either way (not a pass).
+    assert verdicts.outcomes["KV-POOL-007"].outcome == "unexercised"
     verdicts.check("KV-POOL-007", True)
     assert verdicts.outcomes["KV-POOL-007"].outcome == "unexpected-pass"
     verdicts.record(Counterexample("KV-POOL-007", "diverges", []))

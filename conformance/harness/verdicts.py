@@ -7,7 +7,7 @@ closed set of assertion kinds):
 ``fail``            a check of the rule failed (with a shrunk counterexample)
 ``error``           the engine raised or hung during a step governed by the rule
 ``expected-fail``   the rule fails, as the engine's expectations file says it does
-``unexpected-pass`` the expectations file says it fails, but it passed (strict xfail)
+``unexpected-pass`` the expectations file says it fails, but it was checked and passed (strict xfail)
 ``not-applicable``  the engine does not claim what the rule needs (a capability)
 ``unexercised``     applicable, but the run never reached a check of it
 """
@@ -129,7 +129,10 @@ class RuleOutcome:
             return NOT_APPLICABLE
         failing = bool(self.counterexamples or self.failed_checks)
         if self.expected is not None:
-            return EXPECTED_FAIL if failing or self.errors else UNEXPECTED_PASS
+            if failing or self.errors:
+                return EXPECTED_FAIL
+            # An expected failure the run never checked did not pass: nothing tested the expectation.
+            return UNEXPECTED_PASS if self.checks else UNEXERCISED
         if failing:
             return FAIL
         if self.errors:
