@@ -34,7 +34,7 @@ from mutants_vllm import AREAS, MUTANTS  # noqa: E402
 from mutation import KINDS, applied  # noqa: E402
 
 #: Mutants run to a conviction here, with the rule that must convict each on seed 0.
-SAMPLE = {"pool.free.unhashed-to-tail": "KV-POOL-006", "pool.free.no-decref": "KV-POOL-004"}
+SAMPLE = {"pool.free.unhashed-to-tail": "KV-POOL-006", "pool.free.no-decref": "KV-POOL-011"}
 
 
 def test_every_mutant_applies_to_the_installed_release_and_is_put_back() -> None:
