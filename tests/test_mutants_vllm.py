@@ -1,7 +1,7 @@
 """vLLM's source mutants (issue 18): each applies to the installed release, and the suites
 convict a sample of them, under the rule that names what the edit breaks.
 
-The whole kill rate (every mutant, seeds 0-9) is a benchmark, ``benchmarks/kill_rate.py``,
+The whole kill rate (every mutant, any seeds) is a benchmark, ``benchmarks/kill_rate.py``,
 with its figures in docs/results.md; here two mutants of different areas run to a
 conviction under ``--fail-fast`` in a child process, as the benchmark runs them.
 

@@ -63,7 +63,7 @@ class RunOptions:
     #: failing example it finds instead of looking on for others, no later round or suite runs.
     fail_fast: bool = False
     #: Test calls Hypothesis may spend shrinking the failures one round found: a count, not a
-    #: time, so that a counterexample is the same on any machine, and a conviction takes seconds.
+    #: time, so that a counterexample is the same on any machine and no shrink runs for minutes.
     shrink_calls: int = 500
 
     def problems(self) -> list[str]:
