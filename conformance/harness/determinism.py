@@ -116,18 +116,17 @@ def stops_the_search_clock() -> bool:
 
 
 @contextlib.contextmanager
-def independent_of_time(clock: CountingClocks | None = None) -> Iterator[CountingClocks]:
+def independent_of_time(clock: CountingClocks) -> Iterator[None]:
     """Within the block, Hypothesis' search after a bug ends by its count of calls, and its
-    shrinking after the clock's ``shrink_calls`` test calls (default 500). The caller calls the
-    clock's ``tick()`` at the start of every test call."""
-    clock = clock or CountingClocks(500)
+    shrinking after the clock's ``shrink_calls`` test calls. The caller calls the clock's
+    ``tick()`` at the start of every test call."""
     if not stops_the_search_clock():
-        yield clock
+        yield
         return
     running = _engine.time
     _engine.time = clock  # type: ignore[assignment]
     try:
-        yield clock
+        yield
     finally:
         _engine.time = running  # type: ignore[assignment]
 

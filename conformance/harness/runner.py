@@ -260,20 +260,17 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                 if not _record_round_failures(error, verdicts, seen_before, result, say):
                     break
                 note(result)
-                if options.fail_fast and not verdicts.ok():
-                    say("  fail-fast: no further round")
+            else:
+                # A round that raised nothing may still have recorded hangs (never shrunk).
+                hangs = verdicts.suppressed - recorded_before
+                for rule_id in sorted(hangs):
+                    say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")
+                if not hangs:
+                    say("  no new failure")
                     break
-                continue
-            hangs = verdicts.suppressed - recorded_before
-            for rule_id in sorted(hangs):
-                say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")
-            if hangs and options.fail_fast and not verdicts.ok():
+            if options.fail_fast and not verdicts.ok():
                 say("  fail-fast: no further round")
                 break
-            if hangs:
-                continue
-            say("  no new failure")
-            break
     except KeyboardInterrupt:
         result.incomplete = "interrupted (SIGINT) during round " + str(result.rounds)
         say("  interrupted: the verdicts so far are reported, marked incomplete")
