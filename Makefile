@@ -11,7 +11,7 @@ TORCH_STAMP := $(VENV)/.kvoracle-torch-cpu
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: check test test-vllm test-vllm-release zoo lint crosshair clean
+.PHONY: check test test-vllm test-vllm-release zoo lint crosshair docs clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -34,12 +34,14 @@ check: $(STAMP)
 	$(BIN)/kvoracle check
 
 ## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
-## conformance run of every suite with a JSON report, CrossHair over the spec, and the real vLLM engine.
+## conformance run of every suite with a JSON report, CrossHair over the spec, the docs site
+## (make docs) and the real vLLM engine.
 test: $(STAMP) $(TORCH_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
 	bash scripts/crosshair_spec.sh
+	$(MAKE) docs
 	$(MAKE) test-vllm
 	$(MAKE) test-vllm-release
 
@@ -72,6 +74,11 @@ test-vllm-release: $(STAMP)
 ## cached virtual environment per release (ZOO_RELEASES="0.22.0 0.28.0" for some, =all for every one).
 zoo: $(STAMP)
 	bash scripts/zoo.sh
+
+## The documentation site (mkdocs.yml): the chapters, the rule table, results and the zoo, built
+## offline with --strict (a broken link, anchor or nav entry fails) into build/site.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir build/site
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
