@@ -78,6 +78,8 @@ def _options(args: argparse.Namespace):
         raise UsageError("; ".join(problems))
     if args.json:
         _probe_file(Path(args.json), "--json")
+    if args.junit:
+        _probe_file(Path(args.junit), "--junit")
     if options.replay_dir is not None:
         _probe_dir(options.replay_dir, "--replay-dir")
     if options.hypothesis_dir is not None:
@@ -194,6 +196,10 @@ def _report(args: argparse.Namespace, result) -> int:
     if args.json:
         write_json(result, Path(args.json))
         print(f"\nJSON report: {args.json}")
+    if args.junit:
+        from .reports.junit import write_junit
+        write_junit(result, Path(args.junit))
+        print(f"JUnit XML report: {args.junit}")
     if result.incomplete is not None and result.incomplete.split(": ", 1)[-1].startswith("interrupted"):
         return EXIT_INTERRUPTED
     return EXIT_OK if result.ok else EXIT_NOT_CONFORMING
@@ -264,6 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
                             "counterexample is the same on any machine (default 500)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
+    check.add_argument("--junit", metavar="FILE",
+                       help="also write a JUnit XML report for CI systems (a test case per rule)")
     check.add_argument("--replay-dir", default="kvoracle-replays",
                        help="where counterexamples are written as pytest files")
     check.add_argument("--no-replay", action="store_true", help="do not write replay files")

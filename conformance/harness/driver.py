@@ -96,6 +96,7 @@ class Driver:
             return
         except RuleViolation as failed:
             found = failed
+        self.verdicts.failed(found.rule_id)  # a failed check noted it already; an engine error not
         self.dead = True
         found.steps = list(self.steps)
         example = Counterexample(found.rule_id, found.message, found.steps, found.is_engine_error,

@@ -45,6 +45,7 @@ def run_to_record(run: RunResult) -> dict[str, Any]:
         "capabilities": attrs.asdict(run.verdicts.capabilities),
         "outcomes": [{"rule_id": o.rule_id, "not_applicable": o.not_applicable, "checks": o.checks,
                       "failed_checks": o.failed_checks, "expected": o.expected,
+                      "first_failure_s": o.first_failure_s, "conviction_s": o.conviction_s,
                       "counterexamples": [_example(e) for e in o.counterexamples],
                       "errors": [_example(e) for e in o.errors]} for o in run.verdicts.outcomes.values()],
     }
@@ -52,10 +53,12 @@ def run_to_record(run: RunResult) -> dict[str, Any]:
 
 def run_from_record(data: dict[str, Any]) -> RunResult:
     verdicts = Verdicts(Capabilities(**data["capabilities"]))
+    verdicts.started = None  # the worker's clock: times are read back, never taken here
     for item in data["outcomes"]:
         verdicts.outcomes[item["rule_id"]] = RuleOutcome(
             item["rule_id"], not_applicable=item["not_applicable"], checks=item["checks"],
             failed_checks=item["failed_checks"], expected=item["expected"],
+            first_failure_s=item.get("first_failure_s"), conviction_s=item.get("conviction_s"),
             counterexamples=[_example_from(e) for e in item["counterexamples"]],
             errors=[_example_from(e) for e in item["errors"]])
     options = dict(data["options"])

@@ -3,6 +3,14 @@
 One ``kvoracle check`` runs one or more suites. A rule judged by several suites gets
 one row: its verdict is the worst of its suites' (a failure anywhere is a failure),
 and the row says what each suite found.
+
+The JSON report (:func:`to_json`) names its format and the format's version: a reader
+checks ``format == "kvoracle-report"`` and the integer ``format_version``. The version
+is raised when a reader written for the previous version could misread a report: a field
+removed or renamed, a field's type or meaning changed, a value added to a closed set (an
+outcome). Adding a field raises nothing, so a reader ignores fields it does not know. The
+JSON Schema of the reports this kvoracle writes is ``kvoracle.conformance.reports``'
+``report.schema.json`` (:mod:`kvoracle.conformance.reports.schema`).
 """
 
 from __future__ import annotations
@@ -27,6 +35,10 @@ from .verdicts import (
     Counterexample,
     RuleOutcome,
 )
+
+#: What the JSON report says it is, and the major version of that format (see above).
+REPORT_FORMAT = "kvoracle-report"
+REPORT_FORMAT_VERSION = 1
 
 _MARKS = {PASS: "PASS", FAIL: "FAIL", ERROR: "ERROR", EXPECTED_FAIL: "XFAIL",
           UNEXPECTED_PASS: "XPASS", NOT_APPLICABLE: "n/a", UNEXERCISED: "UNEXERCISED"}
@@ -151,6 +163,15 @@ def _example_json(example: Counterexample) -> dict:
             "steps": [repr(s) for s in example.steps], "replay": example.replay_path}
 
 
+def seconds(value: float | None) -> float | None:
+    """A time as reports give it: to the millisecond, or ``None``."""
+    return None if value is None else round(value, 3)
+
+
+def _timing(outcome: RuleOutcome) -> dict:
+    return {"first_failure_s": seconds(outcome.first_failure_s), "conviction_s": seconds(outcome.conviction_s)}
+
+
 def _run_json(run: RunResult) -> dict:
     return {
         "suite": run.suite, "part": run.part or None, "engine": {"name": run.engine_name, "version": run.engine_version,
@@ -158,7 +179,8 @@ def _run_json(run: RunResult) -> dict:
         "examples": run.examples, "rounds": run.rounds, "duration_s": round(run.duration_s, 3),
         "summary": run.verdicts.summary(), "internal_errors": run.internal_errors,
         "complete": run.incomplete is None, "incomplete_reason": run.incomplete, "ok": run.ok,
-        "rules": {rule_id: {"outcome": o.outcome, "checks": o.checks, "failed_checks": o.failed_checks}
+        "rules": {rule_id: {"outcome": o.outcome, "checks": o.checks, "failed_checks": o.failed_checks,
+                            **_timing(o)}
                   for rule_id, o in run.verdicts.outcomes.items() if o.outcome != NOT_APPLICABLE},
     }
 
@@ -173,11 +195,17 @@ def to_json(result: CheckResult) -> dict:
             "outcome": combined_outcome(result, rule.id), "checks": sum(o.checks for _, o in judging),
             "failed_checks": sum(o.failed_checks for _, o in judging),
             "suites": {run.suite: o.outcome for run, o in judging if o.outcome != NOT_APPLICABLE},
+            # The same per suite run (a part of a suite is a run of its own), with its times.
+            "runs": [{"suite": run.suite, "part": run.part or None, "outcome": o.outcome, "checks": o.checks,
+                      "failed_checks": o.failed_checks, **_timing(o)}
+                     for run, o in judging if o.outcome != NOT_APPLICABLE],
             "reason": _detail(result, rule.id) if outcome.not_applicable else outcome.expected,
             "counterexamples": [_example_json(e) for _, o in judging for e in examples_of(o)],
         })
     first = result.runs[0] if result.runs else None
     return {
+        "format": REPORT_FORMAT,
+        "format_version": REPORT_FORMAT_VERSION,
         "kvoracle_version": __version__,
         "python": platform.python_version(),
         "engine": {"name": first.engine_name, "version": first.engine_version, "spec": result.engine}

@@ -10,10 +10,15 @@ closed set of assertion kinds):
 ``unexpected-pass`` the expectations file says it fails, but it was checked and passed (strict xfail)
 ``not-applicable``  the engine does not claim what the rule needs (a capability)
 ``unexercised``     applicable, but the run never reached a check of it
+
+Each rule's outcome also says when, in seconds of ``time.perf_counter`` since its suite run
+began, a check of it first failed (time to detection) and its counterexample was recorded,
+shrunk (time to conviction). Reports show these times; no verdict depends on them.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 import attrs
@@ -122,6 +127,11 @@ class RuleOutcome:
     counterexamples: list[Counterexample] = attrs.Factory(list)
     errors: list[Counterexample] = attrs.Factory(list)
     expected: str | None = None  # reason from an expectations file
+    #: Seconds from the suite run's start to the first failed check (or engine error) of the
+    #: rule, and to its first recorded counterexample; None: never, or not timed (a death of
+    #: the worker process, charged by the supervisor, which has no clock of the run).
+    first_failure_s: float | None = None
+    conviction_s: float | None = None
 
     @property
     def outcome(self) -> str:
@@ -160,6 +170,18 @@ class Verdicts:
         #: The first (unshrunk) failing step list seen for each rule, kept in case shrinking
         #: another rule's failure was the only time this rule failed.
         self.first_seen: dict[str, Counterexample] = {}
+        #: The run's clock (``time.perf_counter``) starts with its verdicts; None: not timed.
+        self.started: float | None = time.perf_counter()
+
+    def elapsed(self) -> float | None:
+        """Seconds since the run started, or ``None`` if these verdicts are not timed."""
+        return None if self.started is None else time.perf_counter() - self.started
+
+    def failed(self, rule_id: str) -> None:
+        """Note the time of ``rule_id``'s first failure (a failed check or an engine error)."""
+        outcome = self.outcomes[rule_id]
+        if outcome.first_failure_s is None:
+            outcome.first_failure_s = self.elapsed()
 
     def exclude(self, rule_id: str, reason: str) -> None:
         """Judge ``rule_id`` not at all in this run (the suite gives the engine no example reaching it)."""
@@ -179,6 +201,7 @@ class Verdicts:
         if ok:
             return
         outcome.failed_checks += 1
+        self.failed(rule_id)
         if rule_id in self.suppressed:
             raise KnownFailure(rule_id)
         raise violation(rule_id, message() if callable(message) else str(message))
@@ -195,6 +218,11 @@ class Verdicts:
     def record(self, example: Counterexample) -> None:
         outcome = self.outcomes[example.rule_id]
         (outcome.errors if example.engine_error else outcome.counterexamples).append(example)
+        now = self.elapsed()
+        if outcome.first_failure_s is None:  # detected no later than convicted (a hang: at once)
+            outcome.first_failure_s = now
+        if outcome.conviction_s is None:
+            outcome.conviction_s = now
         self.suppressed.add(example.rule_id)
 
     def summary(self) -> dict[str, int]:
