@@ -8,6 +8,8 @@ PYTHON ?= python3
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.kvoracle-installed
 TORCH_STAMP := $(VENV)/.kvoracle-torch-cpu
+CHROMIUM_STAMP := $(VENV)/.kvoracle-chromium
+CHROMIUM := /usr/bin/chromium
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
@@ -29,6 +31,27 @@ $(TORCH_STAMP): $(STAMP)
 		f'torch {torch.__version__} is a CUDA build'"
 	touch $(TORCH_STAMP)
 
+# Debian's Chromium, which the HTML report's browser test (tests/test_html_report.py) opens the
+# report in: installed with apt-get when missing and make runs as root, else an error saying what
+# to do. KVORACLE_NO_BROWSER=1 installs nothing (that test is then skipped, and says why).
+$(CHROMIUM_STAMP): $(STAMP)
+	@if [ "$(KVORACLE_NO_BROWSER)" = 1 ]; then \
+		echo "KVORACLE_NO_BROWSER=1: not installing chromium; the HTML report's browser test is skipped"; \
+	else \
+		if [ ! -x $(CHROMIUM) ]; then \
+			if [ "$$(id -u)" = 0 ]; then \
+				apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y chromium || exit 1; \
+			else \
+				echo "error: $(CHROMIUM) is missing; the HTML report's browser test needs it." \
+					"Install it as root (apt-get install -y chromium), or set KVORACLE_NO_BROWSER=1" \
+					"to skip that test knowingly." >&2; \
+				exit 1; \
+			fi; \
+			test -x $(CHROMIUM) || { echo "error: apt-get installed no $(CHROMIUM)" >&2; exit 1; }; \
+		fi; \
+		touch $@; \
+	fi
+
 ## Run every conformance suite against the embedded reference engine and print the verdicts.
 check: $(STAMP)
 	$(BIN)/kvoracle check
@@ -36,7 +59,7 @@ check: $(STAMP)
 ## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
 ## conformance run of every suite with a JSON report, CrossHair over the spec, the docs site
 ## (make docs) and the real vLLM engine.
-test: $(STAMP) $(TORCH_STAMP)
+test: $(STAMP) $(TORCH_STAMP) $(CHROMIUM_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json

@@ -78,6 +78,9 @@ def _options(args: argparse.Namespace):
         raise UsageError("; ".join(problems))
     if args.json:
         _probe_file(Path(args.json), "--json")
+    if args.html:
+        _probe_file(Path(args.html), "--html")
+        options.pictures = True  # the page shows each counterexample's failing step
     if args.junit:
         _probe_file(Path(args.junit), "--junit")
     if options.replay_dir is not None:
@@ -196,6 +199,10 @@ def _report(args: argparse.Namespace, result) -> int:
     if args.json:
         write_json(result, Path(args.json))
         print(f"\nJSON report: {args.json}")
+    if args.html:
+        from .reports.html import write_html
+        write_html(result, Path(args.html))
+        print(f"HTML report: {args.html}")
     if args.junit:
         from .reports.junit import write_junit
         write_junit(result, Path(args.junit))
@@ -270,6 +277,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
                             "counterexample is the same on any machine (default 500)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
+    check.add_argument("--html", metavar="FILE",
+                       help="also write an HTML report, with a picture of each failure: the reference's and the "
+                            "engine's block tables side by side at the failing step, the differing cells marked")
     check.add_argument("--junit", metavar="FILE",
                        help="also write a JUnit XML report for CI systems (a test case per rule)")
     check.add_argument("--replay-dir", default="kvoracle-replays",

@@ -75,6 +75,7 @@ from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
+from .harness import picture as draw
 from .harness import returns
 from .harness.driver import Driver
 from .harness.machine import SuiteMachine
@@ -303,6 +304,33 @@ class StoreDriver(Driver):
         self.model: ExternalStoreCoordinator | None = None
         self.setup: StoreSetup | None = None
         self.exists: set[Key] = set()
+        #: What the last answers were, for the picture: operation -> (step number, what was asked,
+        #: the reference's answer, the engine's).
+        self.answers: dict[str, tuple] = {}
+
+    def picture(self) -> list[dict] | None:
+        """The per-group masks of the last store and lookup (``True``: the chunk is written,
+        looked up or loaded) and the hit length: the reference's and the engine's."""
+        if self.setup is None or self.model is None:
+            return None  # (partial hash hits have no reference model to compare with)
+        groups = [draw.group_label(g, *group) for g, group in enumerate(self.setup.groups)]
+        panels = []
+        for name in ("store_mask", "lookup_mask", "lookup", "load_mask"):
+            if name not in self.answers:
+                continue
+            number, asked, want, got = self.answers[name]
+            if name == "load_mask":
+                want = self.model.load_mask(*want)
+            rows = [draw.row(label, want[g] if g < len(want) else None, got[g] if g < len(got) else None)
+                    for g, label in enumerate(groups)]
+            if name == "lookup":
+                rows.append(draw.row("hit tokens", [self.answers["hit"][0]], [self.answers["hit"][1]]))
+            now = number == len(self.steps)
+            note = "x: the chunk is in the mask, .: it is not" + (
+                "; the reference's masks are those of its own hit" if name == "lookup" else "")
+            panels.append((not now, draw.panel(f"{name}({asked}) at {'this step' if now else f'step {number}'}",
+                                               rows, note)))
+        return [drawn for _, drawn in sorted(panels, key=lambda item: item[0])] or None
 
     def _StoreSetup(self, step: StoreSetup) -> None:
         self.setup = step
@@ -357,6 +385,7 @@ class StoreDriver(Driver):
         aligned = step.aligned_len
         got = self.call("store_mask", aligned, rule="KV-EXT-005")
         want = tuple(tuple(m) for m in model.store_mask(aligned))
+        self.answers["store_mask"] = (len(self.steps), aligned, want, got)
         check("KV-EXT-005", len(got) == len(setup.groups),
               lambda: f"store_mask answered {len(got)} groups for {len(setup.groups)}")
         for g, (kind, _, _) in enumerate(setup.groups):
@@ -377,6 +406,7 @@ class StoreDriver(Driver):
         lookup = self.call("lookup_mask", aligned, rule="KV-EXT-007")
         if lookup is not None:
             want_lookup = tuple(tuple(m) for m in model.lookup_mask(aligned))
+            self.answers["lookup_mask"] = (len(self.steps), aligned, want_lookup, lookup)
             if store_flat != model.flat_groups():
                 dropped = self._reachable_masks(store_flat, aligned, lookup=True)
                 if dropped != want_lookup:
@@ -446,8 +476,11 @@ class StoreDriver(Driver):
                   f"holds only {_fmt([present])[0]} of their keys; {detail}")
         if self.model is not None:
             model = self.model
-            _, want = model.find_longest_cache_hit(
+            want_masks, want = model.find_longest_cache_hit(
                 hashes, bound, ExternalCachedBlockPool(setup.hash_block_size, exists))
+            self.answers["lookup"] = (len(self.steps), f"prompt {step.prompt}, bound {bound}",
+                                      tuple(tuple(m) for m in want_masks), masks)
+            self.answers["hit"] = (want, hit)
             flat = model.flat_groups()
             cached = model.existence_flags(hashes, ExternalCachedBlockPool(setup.hash_block_size, exists))
             hashed, alignment = len(hashes) * setup.hash_block_size, model.alignment
@@ -508,6 +541,8 @@ class StoreDriver(Driver):
                           f"over a pool holding the same keys answers {local}; EAGLE on: {setup.use_eagle}, "
                           f"EAGLE groups {list(setup.eagle_groups)}; {detail}")
         loaded = self.call("load_mask", hashes, hit, rule="KV-EXT-004")
+        # (the reference's load mask at the engine's hit is drawn only for a picture)
+        self.answers["load_mask"] = (len(self.steps), f"prompt {step.prompt}, {hit}", (hashes, hit), loaded)
         if self.model is None:
             reads_none = tuple(False for _ in setup.groups)
         if hit and len(loaded) == len(setup.groups):

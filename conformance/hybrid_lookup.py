@@ -97,6 +97,7 @@ from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
 
 from .adapter import Lookup
+from .harness import picture as draw
 from .harness import returns
 from .harness.capabilities import Capabilities
 from .harness.driver import Driver
@@ -394,6 +395,9 @@ class HybridDriver(Driver):
         self.setup: HybridSetup | None = None
         #: Divergences of the spec's loop from the declarative hit seen (rule id -> count).
         self.divergences: dict[str, int] = {}
+        #: What the last lookups answered, for the picture: name -> (step number, what was asked,
+        #: the reference's answer, the engine's).
+        self.answers: dict[str, tuple] = {}
 
     def _HybridSetup(self, step: HybridSetup) -> None:
         self.setup = step
@@ -420,6 +424,7 @@ class HybridDriver(Driver):
         got = self.call("lookup", prompt, step.max_cache_hit_length,
                         rule="KV-SWA-010" if swa_fine_eagle else None)
         want = self.model.lookup(prompt, step.max_cache_hit_length)
+        self.answers["lookup"] = (len(self.steps), step, want, got)
         spec_in = self._judge(prompt, step, got, want)
         # The optional observations, once the lookup itself passed (KV-HYB-011, KV-HYB-008). The
         # per-group lookups first: they show each group's finder directly, so a finder's own
@@ -429,6 +434,33 @@ class HybridDriver(Driver):
             self._judge_per_group(prompt, step, spec_in)
         if self.verdicts.applicable("KV-HYB-008"):
             self._judge_uncached(spec_in, got)
+
+    def picture(self) -> list[dict] | None:
+        """The hit blocks per KV-cache group (null entries as block id 0) and the hit length of
+        the last lookup, and of the per-group lookups and the uncached prefix count when the
+        failing step asked them: the reference's answers and the engine's."""
+        if self.setup is None:
+            return None
+        groups = [draw.group_label(g, *group) for g, group in enumerate(self.setup.groups)]
+        note = f"block id {NULL_BLOCK_ID} is the null block (an entry the hit skips)"
+        panels = []
+        for name, title in (("lookup", "hit blocks of the lookup"), ("per group", "each group's own lookup")):
+            if name not in self.answers or (name == "per group" and self.answers[name][0] != len(self.steps)):
+                continue
+            number, step, want, got = self.answers[name]
+            rows = [draw.row(label, want.block_ids[g] if g < len(want.block_ids) else None,
+                             got.block_ids[g] if g < len(got.block_ids) else None) for g, label in enumerate(groups)]
+            tokens = (list(want.num_tokens), list(got.num_tokens)) if name == "per group" \
+                else ([want.num_tokens], [got.num_tokens])
+            bound = "" if step.max_cache_hit_length is None else f", bound {step.max_cache_hit_length}"
+            when = "this step" if number == len(self.steps) else f"step {number}"
+            panels.append(draw.panel(f"{title} of prompt {step.prompt}{bound} at {when}",
+                                     [*rows, draw.row("hit tokens", *tokens)], note))
+        if self.answers.get("uncached", (None,))[0] == len(self.steps):
+            _, _, want, got = self.answers["uncached"]
+            panels.append(draw.panel("uncached common prefix tokens of that lookup",
+                                     [draw.row("tokens", [want], [got])]))
+        return panels or None
 
     def _judge(self, prompt: Sequence[int], step: LookUp, got: Lookup, want: Lookup) -> _SpecInputs:
         check = self.verdicts.check
@@ -522,6 +554,7 @@ class HybridDriver(Driver):
         got = self.call("uncached_common_prefix_tokens", rule="KV-HYB-008")
         check = self.verdicts.check
         hit, _, uncached, _, _ = spec_in.loop
+        self.answers["uncached"] = (len(self.steps), None, uncached, got)
         if len(spec_in.coordinator.config.kv_cache_specs) == 1:
             check("KV-HYB-008", got == 0, lambda: f"{got} uncached common prefix tokens with one KV-cache "
                                                   "group; the unitary lookup (KV-HYB-014) reports 0")
@@ -551,6 +584,7 @@ class HybridDriver(Driver):
         check = self.verdicts.check
         got = self.call("lookup_per_group", prompt, step.max_cache_hit_length, rule="KV-HYB-011")
         want = self.model.lookup_per_group(prompt, step.max_cache_hit_length)
+        self.answers["per group"] = (len(self.steps), step, want, got)
         coordinator = spec_in.coordinator
         num_groups = len(coordinator.config.kv_cache_specs)
         check("KV-HYB-011", len(got.block_ids) == num_groups and len(got.num_tokens) == num_groups,

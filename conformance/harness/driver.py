@@ -11,11 +11,13 @@ after a failure already reported, and charges an engine's misbehaviour
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from typing import Any
 
 from .calls import EngineCaller, EngineError
+from .picture import missing
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
 RULE_ID_IN_TEXT = re.compile(r"\bKV-[A-Z]+-\d{3}\b")
@@ -41,11 +43,41 @@ class Driver:
         #: Record a hang as it is (a run: every replay of it would wait again) instead of
         #: raising it (a replay: the test must fail while the engine hangs).
         self.record_hangs = False
+        #: Draw :meth:`picture` when a step fails (a replay asks for it: it calls the engine again).
+        self.capture_picture = False
+        #: The picture drawn at the failing step (:mod:`.picture`), when ``capture_picture`` asked.
+        self.pictured: dict[str, Any] | None = None
         self._step_rule = ""
         self.prepare()
 
     def prepare(self) -> None:
         """Set up the suite's own state: its model of the engine, its configuration (none yet)."""
+
+    def picture(self) -> list[dict[str, Any]] | None:
+        """What kvoracle's model and the engine show now, side by side: a list of panels
+        (:func:`.picture.panel`), or ``None`` when the suite has nothing to draw. Called at the
+        step that failed, only when :attr:`capture_picture` asks; engine operations go through
+        :meth:`call`, and an engine that fails in one leaves the picture out."""
+        return None
+
+    def _take_picture(self, failed: RuleViolation) -> dict[str, Any]:
+        """:meth:`picture`, wrapped with what failed and where; never raises (a picture changes
+        no verdict)."""
+        step_rule = self._step_rule
+        try:
+            panels = self.picture()
+            if not panels:
+                return missing(f"the {self.suite_name} suite has nothing to draw at this step")
+            drawn = {"suite": self.suite_name, "rule": failed.rule_id, "step": len(self.steps),
+                     "panels": panels}
+            json.dumps(drawn)  # plain data only: it travels in records and reports
+            return drawn
+        except RuleViolation as error:  # an engine call failed (Driver.call charged it)
+            return missing(f"the engine failed while being pictured: {error.message}")
+        except Exception as error:
+            return missing(f"drawing the picture failed (a kvoracle bug): {type(error).__name__}: {error}")
+        finally:
+            self._step_rule = step_rule
 
     # -- engine calls --------------------------------------------------------------------------
     def new_engine(self) -> None:
@@ -98,6 +130,8 @@ class Driver:
             found = failed
         self.verdicts.failed(found.rule_id)  # a failed check noted it already; an engine error not
         self.dead = True
+        if self.capture_picture:
+            self.pictured = self._take_picture(found)
         found.steps = list(self.steps)
         example = Counterexample(found.rule_id, found.message, found.steps, found.is_engine_error,
                                  suite=self.suite_name, shrunk=not found.hung)

@@ -27,7 +27,7 @@ class StepText(str):
 def _example(example: Counterexample) -> dict[str, Any]:
     return {"rule_id": example.rule_id, "message": example.message, "steps": [repr(s) for s in example.steps],
             "engine_error": example.engine_error, "replay_path": example.replay_path, "suite": example.suite,
-            "flaky": example.flaky, "shrunk": example.shrunk}
+            "flaky": example.flaky, "shrunk": example.shrunk, "picture": example.picture}
 
 
 def _example_from(data: dict[str, Any]) -> Counterexample:

@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .calls import EngineCaller
+from .calls import EngineCaller, EngineError
 from .engines import engine_factory
+from .picture import missing
 from .suites import SuiteDef, capabilities_of, get_suite
-from .verdicts import Counterexample, Verdicts
+from .verdicts import Counterexample, RuleViolation, Verdicts
 
 if TYPE_CHECKING:
     from .runner import RunOptions
@@ -52,6 +53,51 @@ def replay(suite: str | SuiteDef, engine: str | Callable[[], Any], steps: Sequen
     finally:
         caller.close()
     return verdicts
+
+
+def picture_replay(suite: str | SuiteDef, engine: str | Callable[[], Any], example: Counterexample,
+                   step_timeout: float | None = 10.0, timeout_clock: str = "engine",
+                   hung: dict[str, str] | None = None) -> dict[str, Any]:
+    """Replay ``example``'s steps once, the driver drawing its picture (:mod:`.picture`) at the
+    step that fails; never raises.
+
+    The picture is :func:`.picture.missing`, with the reason, when the steps no longer fail
+    (an engine that fails only now and then), fail another rule first, or the engine cannot be
+    built. ``hung`` (operation -> why) are operations that never answered in the run: they fail
+    at once here instead of waiting out the time limit again.
+    """
+    suite = get_suite(suite) if isinstance(suite, str) else suite
+    caller = EngineCaller(step_timeout, returns=suite.returns, clock=timeout_clock)
+    caller.quarantine.hung.update(hung or {})
+    try:
+        factory = engine_factory(engine, suite) if isinstance(engine, str) else engine
+        probe = caller.construct(factory, loading=True)
+        scope = set(suite.scope())
+        verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
+                            out_of_scope=f"not judged by {suite.label}")
+        for rule_id, reason in suite.exclusions(probe).items():  # as the run judged them
+            if rule_id in scope:
+                verdicts.exclude(rule_id, reason)
+        driver = suite.driver(factory, verdicts, caller)
+        driver.capture_picture = True
+        try:
+            for step in example.steps:
+                driver.apply(step)
+        except RuleViolation as failed:
+            if failed.rule_id != example.rule_id:
+                return missing(f"replayed once for the picture, the steps failed {failed.rule_id} first, "
+                               f"not {example.rule_id}")
+            return driver.pictured or missing("the driver drew no picture")
+        finally:
+            driver.close()
+        return missing("replayed once for the picture, the steps did not fail again (an engine that fails "
+                       "only now and then)")
+    except EngineError as error:
+        return missing(f"the engine could not be built to replay the steps: {error.detail}")
+    except Exception as error:  # kvoracle's own, or an adapter's capabilities(): never a verdict
+        return missing(f"replaying the steps for the picture failed: {type(error).__name__}: {error}")
+    finally:
+        caller.close()
 
 
 def _replay_in_child(path: str) -> None:

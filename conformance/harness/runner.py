@@ -31,7 +31,7 @@ from .calls import CLOCKS, EngineCaller, EngineError, Trail
 from .determinism import CountingClocks, independent_of_hashing, independent_of_imports, independent_of_time
 from .engines import EngineLoadError, engine_factory, engine_spec_of
 from .machine import bind_machine
-from .replay import write_replay
+from .replay import picture_replay, write_replay
 from .suites import SuiteDef, capabilities_of, get_suite
 from .verdicts import Counterexample, RuleViolation, Verdicts
 
@@ -65,6 +65,9 @@ class RunOptions:
     #: Test calls Hypothesis may spend shrinking the failures one round found: a count, not a
     #: time, so that a counterexample is the same on any machine and no shrink runs for minutes.
     shrink_calls: int = 500
+    #: After the rounds, replay each counterexample once to draw a picture of its failing step
+    #: (:mod:`.picture`; the HTML report shows it).
+    pictures: bool = False
 
     def problems(self) -> list[str]:
         """What is wrong with these options (``kvoracle check`` refuses them before running)."""
@@ -204,7 +207,30 @@ def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None
                 if example.replay_path is None:
                     example.replay_path = str(write_replay(options.replay_dir, suite, spec, example, options))
     note(result, done=True)
+    if options.pictures and result.incomplete is None:
+        # Drawn once the verdicts are checkpointed: an engine that kills the process while being
+        # replayed for its pictures costs the pictures, never the verdicts.
+        _draw_pictures(result, suite, factory, dict(caller.quarantine.hung), say)
+        note(result, done=True)
     return result
+
+
+def _draw_pictures(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], hung: dict[str, str],
+                   say: Callable[[str], None]) -> None:
+    """Each counterexample's picture at its failing step (:func:`~.replay.picture_replay`): one
+    replay each, whose outcome changes no verdict. Ctrl-C stops it, the run marked incomplete."""
+    examples = [example for outcome in result.verdicts.outcomes.values()
+                for example in outcome.counterexamples + outcome.errors if example.picture is None]
+    if not examples:
+        return
+    say(f"  drawing {len(examples)} counterexample(s) at their failing steps")
+    try:
+        for example in examples:
+            example.picture = picture_replay(suite, factory, example, result.options.step_timeout,
+                                             result.options.timeout_clock, hung)
+    except KeyboardInterrupt:
+        result.incomplete = "interrupted (SIGINT) while drawing its counterexamples' pictures"
+        say("  interrupted: the verdicts are reported, marked incomplete")
 
 
 def _version(probe: Any) -> str:

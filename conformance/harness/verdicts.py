@@ -116,6 +116,9 @@ class Counterexample:
     flaky: bool = False
     #: Not shrunk (a hang, whose every replay would wait again; or a crash of the process).
     shrunk: bool = True
+    #: What the model and the engine show at the failing step, drawn by a replay (plain JSON
+    #: data, :mod:`.picture`; ``{"missing": why}`` if none could be drawn); None: not asked for.
+    picture: dict | None = None
 
 
 @attrs.define

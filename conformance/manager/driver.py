@@ -13,7 +13,9 @@ from __future__ import annotations
 
 from kvoracle.reference import HybridConfig, ManagerConfig
 
+from ..adapter import UNKNOWN_HASH
 from ..engines.reference import ReferenceEngine
+from ..harness import picture as draw
 from ..harness.driver import Driver
 from ..steps import CommonPrefix, Configure, ConfigureGroups, EmptyAllocation, Probe
 from .groups import GroupsJudge
@@ -44,6 +46,8 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
         self._engine_hash: dict[object, bytes] = {}
         self._kv_hash: dict[bytes, object] = {}
         self._hash_salt: dict[bytes, str | None] = {}
+        #: The last lookup: (step number, request id, the reference's hit, the engine's).
+        self.last_lookup: tuple | None = None
 
     @property
     def several_groups(self) -> bool:
@@ -78,6 +82,55 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
         self._one_only(step)
         self._one_CommonPrefix(step)
 
+    # -- the picture of a failing step --------------------------------------------------------
+    def picture(self) -> list[dict] | None:
+        """Block tables per KV-cache group (one row per request), the failing step's lookup, the
+        block pool (free blocks, free queue, ref counts by block id) and the cache map: the
+        reference's and the engine's."""
+        if self.config is None:
+            return None
+        expected = self.model.observe()
+        actual = self.call("observe", rule=self.fault_rule)
+        caps = self.capabilities
+        exact = caps.exact_block_ids
+        compare = draw.VALUES if exact else draw.SHAPE
+        note = "" if exact else "the engine numbers its blocks its own way: only the lengths compare"
+        described = self.setup.groups if self.setup is not None else (("full", self.config.block_size, 0),)
+        groups = [draw.group_label(g, *group) for g, group in enumerate(described)]
+        panels = []
+        for g, what in enumerate(groups):
+            def group_of(tables: dict, g: int = g) -> dict:
+                return {rid: table[g] for rid, table in tables.items() if g < len(table)}
+            panels.append(draw.panel(f"block tables of {what}", draw.rows_by_key(
+                group_of(dict(expected.block_tables)), group_of(dict(actual.block_tables))), note, compare))
+        if self.last_lookup is not None and self.last_lookup[0] == len(self.steps):
+            _, request_id, want, got = self.last_lookup
+            rows = [draw.row(f"group {g}", want.block_ids[g] if g < len(want.block_ids) else None,
+                             got.block_ids[g] if g < len(got.block_ids) else None)
+                    for g in range(max(len(want.block_ids), len(got.block_ids)))]
+            panels.append(draw.panel(f"hit blocks of {request_id}'s lookup at this step",
+                                     [*rows, draw.row("hit tokens", [want.num_tokens], [got.num_tokens])]))
+        pool = [draw.row("free blocks", [expected.num_free_blocks], [actual.num_free_blocks])]
+        if exact and (caps.free_queue or actual.free_queue is not None):
+            pool.append(draw.row("free queue (head first)", expected.free_queue, actual.free_queue))
+        if exact and (caps.ref_counts or actual.ref_counts is not None):
+            pool.append(draw.row("ref counts (column = block id)", expected.ref_counts, actual.ref_counts))
+        panels.append(draw.panel("block pool", pool))
+        if caps.cache_map and actual.cached is not None:
+            panels.append(draw.panel("cache map (key hash, group): blocks in caching order", draw.rows_by_key(
+                dict(expected.cached or {}), dict(actual.cached),
+                label=_key_label), note, compare))
+        return panels
+
     def _one_only(self, step: object) -> None:
         if self.several_groups:
             raise ValueError(f"{step!r} is a step of a one-group model; this example configured several groups")
+
+
+def _key_label(key: tuple) -> str:
+    """A cache key's row label: the start of kvoracle's hash (``?`` and the engine's, for a hash
+    the adapter could not name) and the group."""
+    digest, group = key
+    if isinstance(digest, bytes) and digest.startswith(UNKNOWN_HASH):
+        return f"?{draw.cell(digest[len(UNKNOWN_HASH):])} g{group}"
+    return f"{draw.cell(digest)} g{group}"

@@ -398,6 +398,7 @@ class GroupsJudge:
         assert self.setup is not None
         expected = self.model.lookup(request_id)
         actual: Lookup = self.call("lookup", request_id, rule="KV-HYB-003")  # type: ignore[assignment]
+        self.last_lookup = (len(self.steps), request_id, expected, actual)
         check = self.verdicts.check
         for g, (kind, _, _) in enumerate(self.setup.groups):
             if kind == spec.CROSS_ATTENTION and g < len(actual.block_ids):

@@ -133,6 +133,7 @@ class OneGroupJudge:
     def _one_lookup(self, request_id: str, max_length: int | None) -> tuple[Lookup, Lookup]:
         expected = self.model.lookup(request_id, max_length)
         actual = self.call("lookup", request_id, max_length)
+        self.last_lookup = (len(self.steps), request_id, expected, actual)
         self._check_lookup(request_id, max_length, expected, actual)
         return expected, actual
 
