@@ -11,10 +11,12 @@ interrupted (the verdicts so far are still printed and written, marked incomplet
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import signal
 import sys
 import tempfile
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -69,7 +71,7 @@ def _options(args: argparse.Namespace):
         timeout_clock=args.timeout_clock, max_rounds=args.max_rounds,
         replay_dir=None if args.no_replay else Path(args.replay_dir),
         hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
-        fail_fast=args.fail_fast, shrink_calls=args.shrink_calls)
+        fail_fast=args.fail_fast, shrink_calls=args.shrink_calls, database=_database(args))
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]
@@ -87,7 +89,23 @@ def _options(args: argparse.Namespace):
         _probe_dir(options.replay_dir, "--replay-dir")
     if options.hypothesis_dir is not None:
         _probe_dir(options.hypothesis_dir, "--hypothesis-dir")
+    if options.database is not None:
+        from .harness.database import DatabaseError, open_database
+        try:
+            open_database(options.database, check=True)
+        except DatabaseError as error:
+            raise UsageError(f"--database: {error}") from None
     return options
+
+
+def _database(args: argparse.Namespace) -> str | None:
+    from .harness.database import chosen_database
+    from .harness.runner import default_hypothesis_dir
+
+    if args.no_database:
+        return None
+    return chosen_database(args.database, Path(args.hypothesis_dir) if args.hypothesis_dir
+                           else default_hypothesis_dir())
 
 
 def _expectations(files: list[str]) -> Callable:
@@ -212,6 +230,92 @@ def _report(args: argparse.Namespace, result) -> int:
     return EXIT_OK if result.ok else EXIT_NOT_CONFORMING
 
 
+def _fuzz(args: argparse.Namespace) -> int:
+    """``kvoracle fuzz``: HypoFuzz over the suites' machines until interrupted or ``--duration``."""
+    import os
+    import subprocess
+
+    from .fuzz import TARGETS_MODULE, fuzz_machines, read_stats
+    from .harness.database import DatabaseError, open_database, shown
+    from .harness.engines import EngineLoadError
+    from .harness.machine import examples_key
+
+    try:
+        import hypofuzz  # noqa: F401
+    except ImportError:
+        print("error: kvoracle fuzz runs HypoFuzz: pip install 'kvoracle[fuzz]'", file=sys.stderr)
+        return EXIT_USAGE
+    database = _database(args)
+    if database is None:
+        print("error: kvoracle fuzz keeps its failures in an example database: --database must name one",
+              file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        open_database(database, check=True)
+        machines = fuzz_machines(engine=args.engine, suites=args.suite, database=database, step_count=args.steps,
+                                 step_timeout=args.step_timeout or None)
+    except (DatabaseError, EngineLoadError, ValueError) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return EXIT_USAGE
+    if not machines:
+        print(f"error: engine {args.engine!r} has an adapter for none of the suites", file=sys.stderr)
+        return EXIT_USAGE
+    suites = [machine.suite.alias or machine.suite.name for machine in machines.values()]
+    with tempfile.TemporaryDirectory(prefix="kvoracle-fuzz-") as work:
+        module = Path(work) / "test_kvoracle_fuzz.py"
+        module.write_text(TARGETS_MODULE)
+        stats = Path(args.stats_dir) if args.stats_dir else Path(work) / "stats"
+        stats.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "KVORACLE_DATABASE": database, "KVORACLE_FUZZ_ENGINE": args.engine,
+               "KVORACLE_FUZZ_SUITES": ",".join(suites), "KVORACLE_FUZZ_STEPS": str(args.steps),
+               "KVORACLE_FUZZ_STEP_TIMEOUT": str(args.step_timeout), "KVORACLE_FUZZ_STATS": str(stats)}
+        dashboard = ["--dashboard", "--port", str(args.port)] if args.dashboard else ["--no-dashboard"]
+        command = [sys.executable, "-c", "import hypofuzz.entrypoint; from hypothesis.extra.cli import main; main()",
+                   "fuzz", "--numprocesses", str(args.processes), *dashboard, "--",
+                   str(module), "-p", "no:cacheprovider", "-q"]
+        print(f"kvoracle {__version__}: fuzzing engine {args.engine!r} ({', '.join(suites)}) in "
+              f"{args.processes} process(es) with HypoFuzz; failures go to {shown(database)}", flush=True)
+        started = time.monotonic()
+        process = subprocess.Popen(command, cwd=work, env=env, start_new_session=True)
+        interrupted = stopped = False
+        try:
+            process.wait(timeout=args.duration)
+        except subprocess.TimeoutExpired:
+            stopped = True
+        except KeyboardInterrupt:
+            interrupted = True
+        if process.poll() is None:  # HypoFuzz stops its workers on SIGINT (a shrink in flight is lost)
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # any worker left behind
+        elapsed = time.monotonic() - started
+        counts = read_stats(stats)
+    examples = sum(c["examples"] for c in counts)
+    print(f"\n{examples} examples in {elapsed:.0f} s over {len(counts)} process(es): "
+          f"{examples / elapsed:.1f} examples/s" + "".join(
+              f"\n  process {i}: {c['examples']} examples, "
+              f"{c['examples'] / max(c['last'] - c['started'], 1e-9):.1f}/s" for i, c in enumerate(counts, 1)))
+    stored = {name: sum(1 for _ in open_database(database).fetch(examples_key(machine)))
+              for name, machine in machines.items()}
+    for name, machine in machines.items():
+        print(f"{machine.suite.alias or machine.suite.name}: {stored[name]} failing example(s) stored")
+    if any(stored.values()):
+        # HypoFuzz's verdict is not kvoracle's: check replays each one outside the fuzzer (a hang
+        # charged under its tracing may not be one) and names the rule of each that still fails.
+        print(f"judge them: kvoracle check --engine {args.engine} --database {shown(database)}")
+    if interrupted:
+        return EXIT_INTERRUPTED
+    if not stopped and process.returncode != 0:
+        print(f"error: HypoFuzz ended by itself with status {process.returncode}", file=sys.stderr)
+        return EXIT_USAGE
+    return EXIT_OK
+
+
 def _rules(args: argparse.Namespace) -> int:
     rules = all_rules()
     if args.markdown:
@@ -291,12 +395,40 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--hypothesis-dir", metavar="DIR",
                        help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis, never the "
                             "current directory)")
+    check.add_argument("--database", metavar="DIR|URL",
+                       help="the example database: failures stored there are replayed first, new ones saved; a "
+                            "directory or a redis:// URL (default: $KVORACLE_DATABASE, else examples/ in the "
+                            "Hypothesis directory; 'none' for no database)")
+    check.add_argument("--no-database", action="store_true",
+                       help="no example database: the examples depend on the seed alone")
     check.add_argument("--in-process", action="store_true",
                        help="run the engine in this process (no supervisor: an engine that kills its process "
                             "then takes the report with it)")
     check.add_argument("--worker-state", help=argparse.SUPPRESS)
     check.add_argument("--worker-suites", help=argparse.SUPPRESS)
     check.set_defaults(run=_check)
+
+    fuzz = commands.add_parser(
+        "fuzz", help="fuzz the suites with HypoFuzz for as long as it runs (kvoracle[fuzz])",
+        description="Run the suites' machines under HypoFuzz in several processes until interrupted (or "
+                    "--duration), keeping every failure in the example database; `kvoracle check` with the same "
+                    "database then replays them first and names their rules.")
+    fuzz.add_argument("--engine", default="reference", help="a built-in engine or module:Class (default: reference)")
+    fuzz.add_argument("--suite", action="append", choices=[s.name for s in suites] + sorted(suite_aliases()),
+                      help="a suite to fuzz (repeatable); default: every suite the engine has an adapter for")
+    fuzz.add_argument("-n", "--processes", type=int, default=1, help="fuzzing processes (default 1)")
+    fuzz.add_argument("--database", metavar="DIR|URL",
+                      help="the example database shared with `kvoracle check` (default as there)")
+    fuzz.add_argument("--hypothesis-dir", metavar="DIR", help="Hypothesis' own directory (default as for check)")
+    fuzz.add_argument("--steps", type=int, default=40, help="steps per example (default 40)")
+    fuzz.add_argument("--step-timeout", type=float, default=120.0,
+                      help="seconds of engine time one engine call may take before it counts as a hang; 0 = no "
+                           "limit (default 120: HypoFuzz's coverage tracing slows engine code many times over)")
+    fuzz.add_argument("--duration", type=float, metavar="SECONDS", help="stop after this long (default: never)")
+    fuzz.add_argument("--dashboard", action="store_true", help="serve HypoFuzz's live dashboard (on --port)")
+    fuzz.add_argument("--port", type=int, default=9999, help="the dashboard's port (default 9999)")
+    fuzz.add_argument("--stats-dir", metavar="DIR", help="keep each process's example counts here")
+    fuzz.set_defaults(run=_fuzz, no_database=False)
 
     rules = commands.add_parser("rules", help="list the specification's rules")
     rules.add_argument("-v", "--verbose", action="store_true", help="print text and source")

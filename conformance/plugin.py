@@ -48,6 +48,9 @@ _OPTIONS = (
                             help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis)")),
     ("shrink-calls", dict(type=int, default=500,
                           help="test calls Hypothesis may spend shrinking one round's failures (default 500)")),
+    ("database", dict(default=None, metavar="DIR|URL",
+                      help="the example database (a directory or a redis:// URL; 'none': no database); "
+                           "default: $KVORACLE_DATABASE, else examples/ in the Hypothesis directory")),
     ("fail-fast", dict(action="store_true", default=False,
                        help="shrink a suite's first failing example at once and run no further round")),
 )
@@ -64,7 +67,8 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 
 def _run_options(config: pytest.Config):
-    from .harness.runner import RunOptions
+    from .harness.database import DatabaseError, chosen_database, open_database
+    from .harness.runner import RunOptions, default_hypothesis_dir
 
     timeout = _option(config, "step-timeout")
     options = RunOptions(
@@ -74,9 +78,16 @@ def _run_options(config: pytest.Config):
         replay_dir=Path(_option(config, "replay-dir")),
         hypothesis_dir=Path(_option(config, "hypothesis-dir")) if _option(config, "hypothesis-dir") else None,
         fail_fast=_option(config, "fail-fast"), shrink_calls=_option(config, "shrink-calls"))
+    options.database = chosen_database(_option(config, "database"),
+                                       options.hypothesis_dir or default_hypothesis_dir())
     problems = options.problems() + ([f"step timeout must be >= 0, got {timeout}"] if timeout < 0 else [])
     if problems:
         raise pytest.UsageError("kvoracle: " + "; ".join(problems))
+    if options.database is not None:
+        try:
+            open_database(options.database, check=True)
+        except DatabaseError as error:
+            raise pytest.UsageError(f"kvoracle: --kvoracle-database: {error}") from None
     return options
 
 

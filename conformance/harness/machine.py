@@ -12,9 +12,13 @@ from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import RuleBasedStateMachine
+from hypothesis.database import ExampleDatabase
+from hypothesis.internal.reflection import function_digest
+from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
 from .calls import EngineCaller
+from .database import database_key
+from .engines import engine_spec_of
 from .suites import SuiteDef, capabilities_of, get_suite
 from .verdicts import Verdicts
 
@@ -50,13 +54,16 @@ class SuiteMachine(RuleBasedStateMachine):
 
 
 def machine_for(suite: str | SuiteDef, engine_factory: Callable[[], Any], step_timeout: float | None = 10.0,
-                max_examples: int = 100, step_count: int = 40) -> type[SuiteMachine]:
+                max_examples: int = 100, step_count: int = 40, database: ExampleDatabase | None = None,
+                on_example: Callable[[], None] | None = None) -> type[SuiteMachine]:
     """A suite's machine bound to an engine, for an engine's own test suite::
 
         TestMyEngine = machine_for("manager", MyAdapter).TestCase
 
     A failing rule fails the test with a :class:`~.verdicts.RuleViolation` naming it (a hang
-    included); Hypothesis shrinks it as usual.
+    included); Hypothesis shrinks it as usual. With a ``database`` its failures are stored
+    under the key ``kvoracle check`` replays from (:func:`examples_key`); ``on_example`` is
+    called at the start of every example.
     """
     suite = get_suite(suite) if isinstance(suite, str) else suite
     caller = EngineCaller(step_timeout, returns=suite.returns)
@@ -64,10 +71,15 @@ def machine_for(suite: str | SuiteDef, engine_factory: Callable[[], Any], step_t
     probe = caller.construct(engine_factory, loading=True)
     verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
                         out_of_scope=f"not judged by {suite.label}")
-    machine = bind_machine(suite, engine_factory, verdicts, caller, **suite.machine_options(probe))
+    machine = bind_machine(suite, engine_factory, verdicts, caller, on_example, **suite.machine_options(probe))
     machine.TestCase.settings = settings(max_examples=max_examples, stateful_step_count=step_count, deadline=None,
-                                         database=None, suppress_health_check=list(HealthCheck))
+                                         database=database, suppress_health_check=list(HealthCheck))
     return machine
+
+
+def examples_key(machine: type[SuiteMachine]) -> bytes:
+    """The key under which Hypothesis (and HypoFuzz) store a bound machine's examples."""
+    return function_digest(get_state_machine_test(machine).hypothesis.inner_test)
 
 
 def bind_machine(suite: SuiteDef, engine_factory: Callable[[], Any], verdicts: Verdicts,
@@ -76,6 +88,10 @@ def bind_machine(suite: SuiteDef, engine_factory: Callable[[], Any], verdicts: V
     """The suite's machine class bound to ``engine_factory``'s engine."""
     name = f"{suite.machine.__name__}_{getattr(engine_factory, '__name__', 'engine')}"
     return type(name, (suite.machine,), {
+        # Hypothesis keys a machine's stored examples by a digest of the machine class, into
+        # which this goes: the same for every run of this suite (part) and engine, in any
+        # process -- `kvoracle check`'s replay round, a pytest run, HypoFuzz's workers.
+        "_hypothesis_internal_add_digest": database_key(suite.name, suite.alias, engine_spec_of(engine_factory, suite)),
         "suite": suite, "engine_factory": staticmethod(engine_factory), "verdicts": verdicts,
         "caller": caller, "round_quarantine": caller.quarantine.blocked(),
         "on_example": staticmethod(on_example) if on_example else None, **attributes})

@@ -22,6 +22,7 @@ from pathlib import Path
 from kvoracle import __version__
 from kvoracle.spec import all_rules, get_rule
 
+from .database import shown
 from .runner import CheckResult, RunResult
 from .verdicts import (
     ERROR,
@@ -214,7 +215,8 @@ def to_json(result: CheckResult) -> dict:
         "options": {"max_examples": result.options.max_examples, "step_count": result.options.step_count,
                     "step_timeout": result.options.step_timeout,
                     "timeout_clock": result.options.timeout_clock, "max_rounds": result.options.max_rounds,
-                    "fail_fast": result.options.fail_fast, "shrink_calls": result.options.shrink_calls},
+                    "fail_fast": result.options.fail_fast, "shrink_calls": result.options.shrink_calls,
+                    "database": None if result.options.database is None else shown(result.options.database)},
         "suites": [_run_json(run) for run in result.runs],
         "unsupported_suites": result.unsupported,
         "not_run_suites": result.not_run,

@@ -28,9 +28,10 @@ from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
 
 from .calls import CLOCKS, EngineCaller, EngineError, Trail
+from .database import open_database, shown
 from .determinism import CountingClocks, independent_of_hashing, independent_of_imports, independent_of_time
 from .engines import EngineLoadError, engine_factory, engine_spec_of
-from .machine import bind_machine
+from .machine import bind_machine, examples_key
 from .replay import picture_replay, write_replay
 from .suites import SuiteDef, capabilities_of, get_suite
 from .verdicts import Counterexample, RuleViolation, Verdicts
@@ -65,6 +66,10 @@ class RunOptions:
     #: Test calls Hypothesis may spend shrinking the failures one round found: a count, not a
     #: time, so that a counterexample is the same on any machine and no shrink runs for minutes.
     shrink_calls: int = 500
+    #: The example database (:mod:`.database`): a directory or a ``redis://`` URL whose stored
+    #: failures are replayed before anything new is drawn, and where new ones are saved;
+    #: ``None``: none (the examples depend on the seed alone).
+    database: str | None = None
     #: After the rounds, replay each counterexample once to draw a picture of its failing step
     #: (:mod:`.picture`; the HTML report shows it).
     pictures: bool = False
@@ -260,23 +265,39 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
     started = time.perf_counter()
     extra = suite.machine_options(probe)
     max_examples = options.max_examples * len(extra.get("parts", (None,)))
+    database = open_database(options.database) if options.database is not None else None
+    key = examples_key(bind_machine(suite, factory, verdicts, caller, **extra))
+    # With a database holding failures for this suite and engine, a replay round comes first:
+    # it replays them (and drops those that no longer fail: nothing is suppressed yet), then
+    # the search rounds run as they would without a database, the rules already convicted
+    # suppressed as after any round.
+    replay_first = database is not None and any(True for _ in database.fetch(key))
     try:
-        for round_index in range(options.max_rounds):
+        for round_index in range(-1 if replay_first else 0, options.max_rounds):
+            replaying = round_index < 0
             result.rounds += 1
             machine = bind_machine(suite, factory, verdicts, caller, count_example, record_hangs=True, **extra)
             settings = hypothesis.settings(
                 max_examples=max_examples, stateful_step_count=options.step_count,
-                deadline=None, database=None, suppress_health_check=list(HealthCheck),
+                deadline=None, database=database, suppress_health_check=list(HealthCheck),
                 # Several bugs per round, each shrunk on its own: with a single bug, Hypothesis
                 # lets the shrinker slip from one failure to any smaller one, so a rule whose
                 # failures also break a later check was reported under that other rule.
                 # (With fail_fast the first failing example is shrunk at once; the rule it
                 # ends under is still one it really fails.)
                 verbosity=Verbosity.quiet, report_multiple_bugs=not options.fail_fast,
-                phases=(Phase.explicit, Phase.generate, Phase.shrink))
-            test = hypothesis.seed(options.seed + round_index)(get_state_machine_test(machine, settings=settings))
-            say(f"{suite.name} round {result.rounds}: up to {max_examples} examples of up to "
-                f"{options.step_count} steps (seed {options.seed + round_index})")
+                phases=(Phase.reuse, Phase.shrink) if replaying else (Phase.explicit, Phase.generate, Phase.shrink))
+            seed = options.seed + max(round_index, 0)
+            test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=settings))
+            if database is not None:
+                # hypothesis.seed() turns the database off (a seed is for reproducing); a run
+                # keeps both: the replay round reads it, every round saves what it shrinks.
+                test._hypothesis_internal_use_settings = settings  # type: ignore[attr-defined]
+            if replaying:
+                say(f"{suite.name} round {result.rounds}: the failures stored in {shown(options.database)}")
+            else:
+                say(f"{suite.name} round {result.rounds}: up to {max_examples} examples of up to "
+                    f"{options.step_count} steps (seed {seed})")
             recorded_before = set(verdicts.suppressed)
             seen_before = set(verdicts.first_seen)
             try:
@@ -292,8 +313,9 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                 for rule_id in sorted(hangs):
                     say(f"  engine error: {rule_id} -- {verdicts.outcomes[rule_id].errors[0].message}")
                 if not hangs:
-                    say("  no new failure")
-                    break
+                    say("  no stored failure fails now" if replaying else "  no new failure")
+                    if not replaying:
+                        break
             if options.fail_fast and not verdicts.ok():
                 say("  fail-fast: no further round")
                 break
