@@ -1,0 +1,101 @@
+"""`kvoracle fuzz` (conformance/fuzz.py): the suites as HypoFuzz targets that share their
+failures with `kvoracle check` through the example database."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("hypofuzz", reason="HypoFuzz (kvoracle[fuzz])")
+
+from hypothesis import settings
+
+from kvoracle.conformance.fuzz import TARGETS_MODULE, fuzz_machines
+from kvoracle.conformance.harness.database import open_database
+from kvoracle.conformance.harness.machine import examples_key
+from kvoracle.conformance.harness.verdicts import RuleViolation
+
+TESTS = Path(__file__).parent
+ENV = {k: v for k, v in os.environ.items() if k != "KVORACLE_DATABASE"} | {
+    "KVORACLE_CONTRACTS": "0", "PYTHONPATH": str(TESTS)}
+
+
+def _command(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "kvoracle", *args], cwd=cwd, env=ENV, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+@pytest.fixture
+def default_profile():
+    """fuzz_machines makes its database Hypothesis' default; put the default back after."""
+    before = settings.default
+    yield
+    settings.register_profile("kvoracle-tests-restore", before)
+    settings.load_profile("kvoracle-tests-restore")
+
+
+def test_hypofuzz_collects_every_suite_the_engine_has(tmp_path: Path, default_profile: None) -> None:
+    """HypoFuzz fuzzes only Hypothesis tests whose database is the default one and that keep
+    the nested-given health check: each suite of the reference engine is collected, none skipped."""
+    from hypofuzz.collection import collect_tests
+
+    module = tmp_path / "test_kvoracle_fuzz.py"
+    module.write_text(TARGETS_MODULE)
+    environment = {"KVORACLE_DATABASE": str(tmp_path / "db"), "KVORACLE_FUZZ_ENGINE": "reference",
+                   "KVORACLE_FUZZ_SUITES": "lockstep,hybrid,external-store"}
+    saved = {name: os.environ.get(name) for name in environment}
+    os.environ.update(environment)
+    try:
+        collected = collect_tests([str(module), "-p", "no:cacheprovider", "-q"])
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+    names = sorted(target.nodeid.split("::")[1] for target in collected.fuzz_targets)
+    assert names == ["Test_external_store", "Test_hybrid", "Test_lockstep"], collected.not_collected
+
+
+def test_a_failure_a_fuzz_target_stores_is_replayed_by_check(tmp_path: Path, default_profile: None) -> None:
+    database = str(tmp_path / "db")
+    machine = fuzz_machines(engine="broken_engines:ForwardFree", suites=["lockstep"], database=database,
+                            step_timeout=10)["Test_lockstep"]
+    test = machine.TestCase("runTest")
+    test.settings = settings(test.settings, max_examples=200)
+    with pytest.raises(RuleViolation) as failed:
+        test.runTest()
+    assert failed.value.rule_id == "KV-POOL-007"
+    assert list(open_database(database).fetch(examples_key(machine))), "stored under check's key"
+    done = _command("check", "--engine", "broken_engines:ForwardFree", "--suite", "lockstep", "--no-replay",
+                    "--max-examples", "20", "--max-rounds", "1", "--database", database, cwd=tmp_path)
+    assert done.returncode == 1, done.stdout + done.stderr
+    replayed = done.stdout.split("the failures stored in", 1)[1].split(" round ", 1)[0]
+    assert "failure: KV-POOL-007" in replayed, done.stdout
+
+
+def test_fuzz_runs_hypofuzz_for_its_duration_and_reports(tmp_path: Path) -> None:
+    stats = tmp_path / "stats"
+    # No step timeout: the reference never hangs, and under HypoFuzz's tracing on a loaded
+    # machine a slow call must not be stored as a hang here.
+    done = _command("fuzz", "--engine", "reference", "--suite", "lockstep", "-n", "1", "--duration", "30",
+                    "--step-timeout", "0", "--database", str(tmp_path / "db"), "--stats-dir", str(stats),
+                    cwd=tmp_path)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "in 1 process(es) with HypoFuzz" in done.stdout
+    assert "examples in" in done.stdout and "lockstep: 0 failing example(s) stored" in done.stdout, done.stdout
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--database", "none"], "--database must name one"),
+    (["--engine", "no_such_module:Engine"], "no_such_module"),
+    (["--database", "redis://127.0.0.1:1/0"], "redis://127.0.0.1:1"),
+])
+def test_fuzz_refuses_what_cannot_run(tmp_path: Path, args: list[str], message: str) -> None:
+    done = _command("fuzz", "--duration", "5", *(["--database", str(tmp_path / "db")] if "--database" not in args
+                                                 else []), *args, cwd=tmp_path)
+    assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
