@@ -10,6 +10,7 @@ STAMP := $(VENV)/.kvoracle-installed
 TORCH_STAMP := $(VENV)/.kvoracle-torch-cpu
 CHROMIUM_STAMP := $(VENV)/.kvoracle-chromium
 CHROMIUM := /usr/bin/chromium
+REDIS_STAMP := $(VENV)/.kvoracle-redis
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
@@ -52,6 +53,26 @@ $(CHROMIUM_STAMP): $(STAMP)
 		touch $@; \
 	fi
 
+# Debian's redis-server, which the shared example database's test (tests/test_database.py) starts
+# on a free loopback port: installed like chromium. KVORACLE_NO_REDIS=1 installs nothing (that
+# test is then skipped, and says why).
+$(REDIS_STAMP): $(STAMP)
+	@if [ "$(KVORACLE_NO_REDIS)" = 1 ]; then \
+		echo "KVORACLE_NO_REDIS=1: not installing redis-server; the shared-database test is skipped"; \
+	else \
+		if ! command -v redis-server > /dev/null; then \
+			if [ "$$(id -u)" = 0 ]; then \
+				apt-get update && DEBIAN_FRONTEND=noninteractive apt-get install -y redis-server || exit 1; \
+			else \
+				echo "error: redis-server is missing; the shared example database's test needs it." \
+					"Install it as root (apt-get install -y redis-server), or set KVORACLE_NO_REDIS=1" \
+					"to skip that test knowingly." >&2; \
+				exit 1; \
+			fi; \
+		fi; \
+		touch $@; \
+	fi
+
 ## Run every conformance suite against the embedded reference engine and print the verdicts.
 check: $(STAMP)
 	$(BIN)/kvoracle check
@@ -59,7 +80,7 @@ check: $(STAMP)
 ## The project's own checks: lint, tests (incl. meta-tests and doc examples), a bounded
 ## conformance run of every suite with a JSON report, CrossHair over the spec, the docs site
 ## (make docs) and the real vLLM engine.
-test: $(STAMP) $(TORCH_STAMP) $(CHROMIUM_STAMP)
+test: $(STAMP) $(TORCH_STAMP) $(CHROMIUM_STAMP) $(REDIS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(PYTEST_WORKERS)
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
