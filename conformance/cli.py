@@ -253,7 +253,7 @@ def _fuzz(args: argparse.Namespace) -> int:
     try:
         open_database(database, check=True)
         machines = fuzz_machines(engine=args.engine, suites=args.suite, database=database, step_count=args.steps,
-                                 step_timeout=args.step_timeout or None)
+                                 step_timeout=args.step_timeout)
     except (DatabaseError, EngineLoadError, ValueError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE

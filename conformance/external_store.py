@@ -321,8 +321,7 @@ class StoreDriver(Driver):
             number, asked, want, got = self.answers[name]
             if name == "load_mask":
                 want = self.model.load_mask(*want)
-            rows = [draw.row(label, want[g] if g < len(want) else None, got[g] if g < len(got) else None)
-                    for g, label in enumerate(groups)]
+            rows = draw.rows_by_position(groups, want, got)
             if name == "lookup":
                 rows.append(draw.row("hit tokens", [self.answers["hit"][0]], [self.answers["hit"][1]]))
             now = number == len(self.steps)

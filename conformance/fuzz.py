@@ -13,7 +13,8 @@ Processes on other machines share the work through a Redis database
 
 The targets are written as a small pytest module that HypoFuzz's workers collect; the
 engine, the suites and the database reach them through the environment
-(:data:`ENVIRONMENT`), which each worker inherits. A worker counts its examples in a
+(``KVORACLE_FUZZ_ENGINE``, ``_SUITES``, ``_STEPS``, ``_STEP_TIMEOUT``, ``_STATS`` and
+``KVORACLE_DATABASE``), which each worker inherits. A worker counts its examples in a
 stats file per process (``--stats-dir``), from which ``kvoracle fuzz`` reports examples
 per second at its end.
 
@@ -31,10 +32,6 @@ import os
 import time
 from collections.abc import Sequence
 from pathlib import Path
-
-#: What a fuzzing worker reads: engine, comma-separated suites, steps, step timeout, stats dir.
-ENVIRONMENT = ("KVORACLE_FUZZ_ENGINE", "KVORACLE_FUZZ_SUITES", "KVORACLE_FUZZ_STEPS",
-               "KVORACLE_FUZZ_STEP_TIMEOUT", "KVORACLE_FUZZ_STATS")
 
 TARGETS_MODULE = '''"""kvoracle's suites as HypoFuzz targets (written by `kvoracle fuzz`)."""
 from kvoracle.conformance.fuzz import fuzz_targets
@@ -91,7 +88,8 @@ def fuzz_machines(engine: str | None = None, suites: Sequence[str] | None = None
         raise ValueError("fuzzing needs an example database (where its failures are kept)")
     step_count = step_count or int(os.environ.get("KVORACLE_FUZZ_STEPS", "40"))
     if step_timeout is None:
-        step_timeout = float(os.environ.get("KVORACLE_FUZZ_STEP_TIMEOUT", "120")) or None
+        step_timeout = float(os.environ.get("KVORACLE_FUZZ_STEP_TIMEOUT", "120"))
+    step_timeout = step_timeout or None  # 0: no limit
     stats_dir = os.environ.get("KVORACLE_FUZZ_STATS")
     on_example = _Stats(Path(stats_dir)) if stats_dir else None
 

@@ -448,8 +448,7 @@ class HybridDriver(Driver):
             if name not in self.answers or (name == "per group" and self.answers[name][0] != len(self.steps)):
                 continue
             number, step, want, got = self.answers[name]
-            rows = [draw.row(label, want.block_ids[g] if g < len(want.block_ids) else None,
-                             got.block_ids[g] if g < len(got.block_ids) else None) for g, label in enumerate(groups)]
+            rows = draw.rows_by_position(groups, want.block_ids, got.block_ids)
             tokens = (list(want.num_tokens), list(got.num_tokens)) if name == "per group" \
                 else ([want.num_tokens], [got.num_tokens])
             bound = "" if step.max_cache_hit_length is None else f", bound {step.max_cache_hit_length}"

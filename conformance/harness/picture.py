@@ -51,6 +51,13 @@ def row(label: object, reference: Iterable[object] | None, engine: Iterable[obje
     return {"label": str(label), "reference": _cells(reference), "engine": _cells(engine)}
 
 
+def rows_by_position(labels: Sequence[object], reference: Sequence[Iterable[object]],
+                     engine: Sequence[Iterable[object]]) -> list[dict[str, Any]]:
+    """One row per label, the i-th holding each side's i-th item (``None`` past a side's end)."""
+    return [row(label, reference[i] if i < len(reference) else None, engine[i] if i < len(engine) else None)
+            for i, label in enumerate(labels)]
+
+
 def rows_by_key(reference: Mapping[Any, Iterable[object]] | None, engine: Mapping[Any, Iterable[object]] | None,
                 label: Any = str) -> list[dict[str, Any]]:
     """One row per key of either side, the reference's keys first (in its order)."""

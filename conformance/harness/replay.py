@@ -42,17 +42,27 @@ def replay(suite: str | SuiteDef, engine: str | Callable[[], Any], steps: Sequen
     factory = engine_factory(engine, suite) if isinstance(engine, str) else engine
     caller = EngineCaller(step_timeout, returns=suite.returns, clock=timeout_clock)
     try:
-        capabilities = capabilities_of(caller.construct(factory, loading=True))
-        scope = set(suite.scope())
-        verdicts = Verdicts(capabilities, scope=lambda rule: rule.id in scope,
-                            out_of_scope=f"not judged by {suite.label}")
-        driver = suite.driver(factory, verdicts, caller)
+        driver = _driver(suite, factory, caller)
         for step in steps:
             driver.apply(step)
         driver.close()
     finally:
         caller.close()
-    return verdicts
+    return driver.verdicts
+
+
+def _driver(suite: SuiteDef, factory: Callable[[], Any], caller: EngineCaller, as_run: bool = False):
+    """A fresh driver of ``suite`` judging the engine ``factory`` builds, every rule of the suite in
+    scope; ``as_run`` also leaves out the rules the suite excludes for this engine, as a run does."""
+    probe = caller.construct(factory, loading=True)
+    scope = set(suite.scope())
+    verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
+                        out_of_scope=f"not judged by {suite.label}")
+    if as_run:
+        for rule_id, reason in suite.exclusions(probe).items():
+            if rule_id in scope:
+                verdicts.exclude(rule_id, reason)
+    return suite.driver(factory, verdicts, caller)
 
 
 def picture_replay(suite: str | SuiteDef, engine: str | Callable[[], Any], example: Counterexample,
@@ -71,14 +81,7 @@ def picture_replay(suite: str | SuiteDef, engine: str | Callable[[], Any], examp
     caller.quarantine.hung.update(hung or {})
     try:
         factory = engine_factory(engine, suite) if isinstance(engine, str) else engine
-        probe = caller.construct(factory, loading=True)
-        scope = set(suite.scope())
-        verdicts = Verdicts(capabilities_of(probe), scope=lambda rule: rule.id in scope,
-                            out_of_scope=f"not judged by {suite.label}")
-        for rule_id, reason in suite.exclusions(probe).items():  # as the run judged them
-            if rule_id in scope:
-                verdicts.exclude(rule_id, reason)
-        driver = suite.driver(factory, verdicts, caller)
+        driver = _driver(suite, factory, caller, as_run=True)
         driver.capture_picture = True
         try:
             for step in example.steps:

@@ -133,29 +133,38 @@ def format_table(result: CheckResult) -> str:
         lines.append(f"{name}: not run (--fail-fast: an earlier suite failed)")
     if result.incomplete:
         lines.append(f"INCOMPLETE: {result.incomplete}; the verdicts above are those so far")
+    lines.append("RESULT: " + result_word(result))
+    return "\n".join(lines)
+
+
+def result_word(result: CheckResult) -> str:
+    """The check's overall result: ``OK``, ``INCOMPLETE`` or ``NOT CONFORMING``."""
+    if result.ok:
+        return "OK"
     # A cut-short run convicts only on what it found: a rule it had not reached yet is no failure.
     convicted = any(run.internal_errors or any(o.outcome not in (*GOOD_OUTCOMES, UNEXERCISED)
                                                for o in run.verdicts.outcomes.values()) for run in result.runs)
-    lines.append("RESULT: " + ("OK" if result.ok else "INCOMPLETE" if result.incomplete and not convicted
-                               else "NOT CONFORMING"))
+    return "INCOMPLETE" if result.incomplete and not convicted else "NOT CONFORMING"
+
+
+def format_example(example: Counterexample, before: str = "", after: str = "") -> str:
+    """One counterexample as text: ``{before}{kind}{after}{flags}: message``, then its numbered
+    steps and the command that replays it."""
+    kind = "engine error" if example.engine_error else "counterexample"
+    flags = "".join(f" ({flag})" for flag, on in (("flaky", example.flaky), ("not shrunk", not example.shrunk))
+                    if on)
+    lines = [f"{before}{kind}{after}{flags}: {example.message}"]
+    lines += [f"  {i:>3}. {step!r}" for i, step in enumerate(example.steps, 1)]
+    if example.replay_path:
+        lines.append(f"  replay: pytest {example.replay_path}")
     return "\n".join(lines)
 
 
 def format_counterexamples(result: CheckResult) -> str:
     """Each failing rule's shrunk step list."""
-    blocks = []
-    for run in result.runs:
-        for rule_id, outcome in run.verdicts.outcomes.items():
-            for example in examples_of(outcome):
-                kind = "engine error" if example.engine_error else "counterexample"
-                flags = "".join(f" ({flag})" for flag, on in (("flaky", example.flaky),
-                                                               ("not shrunk", not example.shrunk)) if on)
-                lines = [f"{rule_id} {kind} ({run.suite} suite){flags}: {example.message}"]
-                lines += [f"  {i:>3}. {step!r}" for i, step in enumerate(example.steps, 1)]
-                if example.replay_path:
-                    lines.append(f"  replay: pytest {example.replay_path}")
-                blocks.append("\n".join(lines))
-    return "\n\n".join(blocks)
+    return "\n\n".join(format_example(example, f"{rule_id} ", f" ({run.suite} suite)")
+                        for run in result.runs for rule_id, outcome in run.verdicts.outcomes.items()
+                        for example in examples_of(outcome))
 
 
 def _example_json(example: Counterexample) -> dict:

@@ -266,12 +266,12 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
     extra = suite.machine_options(probe)
     max_examples = options.max_examples * len(extra.get("parts", (None,)))
     database = open_database(options.database) if options.database is not None else None
-    key = examples_key(bind_machine(suite, factory, verdicts, caller, **extra))
     # With a database holding failures for this suite and engine, a replay round comes first:
     # it replays them (and drops those that no longer fail: nothing is suppressed yet), then
-    # the search rounds run as they would without a database, the rules already convicted
-    # suppressed as after any round.
-    replay_first = database is not None and any(True for _ in database.fetch(key))
+    # the search rounds draw from the seed, the rules already convicted suppressed as after
+    # any round.
+    replay_first = database is not None and any(
+        True for _ in database.fetch(examples_key(bind_machine(suite, factory, verdicts, caller, **extra))))
     try:
         for round_index in range(-1 if replay_first else 0, options.max_rounds):
             replaying = round_index < 0

@@ -105,9 +105,8 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
                 group_of(dict(expected.block_tables)), group_of(dict(actual.block_tables))), note, compare))
         if self.last_lookup is not None and self.last_lookup[0] == len(self.steps):
             _, request_id, want, got = self.last_lookup
-            rows = [draw.row(f"group {g}", want.block_ids[g] if g < len(want.block_ids) else None,
-                             got.block_ids[g] if g < len(got.block_ids) else None)
-                    for g in range(max(len(want.block_ids), len(got.block_ids)))]
+            labels = [f"group {g}" for g in range(max(len(want.block_ids), len(got.block_ids)))]
+            rows = draw.rows_by_position(labels, want.block_ids, got.block_ids)
             panels.append(draw.panel(f"hit blocks of {request_id}'s lookup at this step",
                                      [*rows, draw.row("hit tokens", [want.num_tokens], [got.num_tokens])]))
         pool = [draw.row("free blocks", [expected.num_free_blocks], [actual.num_free_blocks])]

@@ -25,9 +25,18 @@ from kvoracle import __version__
 from kvoracle.spec import all_rules, get_rule
 
 from ..harness.picture import VALUES, diverging
-from ..harness.report import _MARKS, SEVERITY, _detail, _judging, combined_outcome, examples_of, summary
+from ..harness.report import (
+    _MARKS,
+    SEVERITY,
+    _detail,
+    _judging,
+    combined_outcome,
+    examples_of,
+    result_word,
+    summary,
+)
 from ..harness.runner import CheckResult
-from ..harness.verdicts import GOOD_OUTCOMES, NOT_APPLICABLE, UNEXERCISED, Counterexample
+from ..harness.verdicts import NOT_APPLICABLE, Counterexample
 
 #: The visible marker of a cell that differs from the other side's.
 MARK = "≠"
@@ -56,14 +65,9 @@ def _cell_text(value: Any) -> str:
 
 
 def _result_badge(result: CheckResult) -> str:
-    if result.ok:
-        return '<span class="result ok">OK</span>'
-    # (as the text report's RESULT line: a cut-short run convicts only on what it found)
-    convicted = any(run.internal_errors or any(o.outcome not in (*GOOD_OUTCOMES, UNEXERCISED)
-                                               for o in run.verdicts.outcomes.values()) for run in result.runs)
-    if result.incomplete and not convicted:
-        return '<span class="result incomplete">INCOMPLETE</span>'
-    return '<span class="result bad">NOT CONFORMING</span>'
+    word = result_word(result)  # as the text report's RESULT line
+    css = {"OK": "ok", "INCOMPLETE": "incomplete"}.get(word, "bad")
+    return f'<span class="result {css}">{word}</span>'
 
 
 # -- summary and verdicts --------------------------------------------------------------------------

@@ -39,7 +39,7 @@ from pathlib import Path
 from kvoracle import __version__
 from kvoracle.spec import Rule, all_rules
 
-from ..harness.report import examples_of, seconds
+from ..harness.report import examples_of, format_example, seconds
 from ..harness.runner import CheckResult, RunResult
 from ..harness.suites import get_suite
 from ..harness.verdicts import (
@@ -79,16 +79,7 @@ def judged_rules(run: RunResult) -> list[Rule]:
 
 
 def _examples_text(outcome: RuleOutcome) -> str:
-    blocks = []
-    for example in examples_of(outcome):
-        kind = "engine error" if example.engine_error else "counterexample"
-        flags = "".join(f" ({flag})" for flag, on in (("flaky", example.flaky),
-                                                       ("not shrunk", not example.shrunk)) if on)
-        lines = [f"{kind}{flags}: {example.message}"]
-        lines += [f"  {i:>3}. {step!r}" for i, step in enumerate(example.steps, 1)]
-        if example.replay_path:
-            lines.append(f"  replay: pytest {example.replay_path}")
-        blocks.append("\n".join(lines))
+    blocks = [format_example(example) for example in examples_of(outcome)]
     if not blocks and outcome.failed_checks:
         blocks.append(f"{outcome.failed_checks} failed checks (no counterexample was kept)")
     return "\n\n".join(blocks)
