@@ -95,7 +95,9 @@ def fuzz_machines(engine: str | None = None, suites: Sequence[str] | None = None
 
     examples = open_database(database)
     quiet = [check for check in HealthCheck if check is not HealthCheck.nested_given]
-    settings.register_profile("kvoracle-fuzz", database=examples, deadline=None,
+    # derandomize=False: HypoFuzz skips derandomized tests, and a CI machine (CI=true) loads
+    # Hypothesis' "ci" profile, which derandomizes every test that does not say otherwise.
+    settings.register_profile("kvoracle-fuzz", database=examples, deadline=None, derandomize=False,
                               suppress_health_check=quiet, stateful_step_count=step_count)
     settings.load_profile("kvoracle-fuzz")
     targets: dict[str, type] = {}
@@ -114,7 +116,8 @@ def fuzz_machines(engine: str | None = None, suites: Sequence[str] | None = None
         machine = machine_for(suite, engine_factory(engine, suite), step_timeout, step_count=step_count,
                               database=examples, on_example=on_example)
         # HypoFuzz skips a test that suppresses the nested-given check (kvoracle suppresses all).
-        machine.TestCase.settings = settings(machine.TestCase.settings, suppress_health_check=quiet)
+        machine.TestCase.settings = settings(machine.TestCase.settings, suppress_health_check=quiet,
+                                             derandomize=False)
         targets["Test_" + (suite.alias or suite.name).replace("-", "_")] = machine
     return targets
 

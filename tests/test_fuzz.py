@@ -20,8 +20,10 @@ from kvoracle.conformance.harness.machine import examples_key
 from kvoracle.conformance.harness.verdicts import RuleViolation
 
 TESTS = Path(__file__).parent
+# CI=true: Hypothesis then loads its "ci" profile (derandomize=True), which HypoFuzz refuses
+# to fuzz; the fuzz targets must not inherit it (CI machines set the variable).
 ENV = {k: v for k, v in os.environ.items() if k != "KVORACLE_DATABASE"} | {
-    "KVORACLE_CONTRACTS": "0", "PYTHONPATH": str(TESTS)}
+    "KVORACLE_CONTRACTS": "0", "PYTHONPATH": str(TESTS), "CI": "true"}
 
 
 def _command(*args: str, cwd: Path, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -31,8 +33,11 @@ def _command(*args: str, cwd: Path, timeout: float = 600) -> subprocess.Complete
 
 @pytest.fixture
 def default_profile():
-    """fuzz_machines makes its database Hypothesis' default; put the default back after."""
+    """fuzz_machines makes its database Hypothesis' default; put the default back after.
+    Hypothesis' "ci" profile (derandomize=True, what a CI machine loads) is the one in force
+    meanwhile: the targets must still be fuzzable under it."""
     before = settings.default
+    settings.load_profile("ci")
     yield
     settings.register_profile("kvoracle-tests-restore", before)
     settings.load_profile("kvoracle-tests-restore")
