@@ -69,7 +69,18 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
         elif draft[0] == hybrid_spec.SLIDING_WINDOW:
             # Small windows as often as large ones: a window shorter than the alignment
             # caches only the reachable blocks (KV-SWA-011).
-            draft[2] = draw(st.integers(1, 12) | st.integers(1, 4), label="window")
+            windows = st.integers(1, 12) | st.integers(1, 4)
+            # Sparse windows: each aligned segment then holds blocks no hit reads, so what a
+            # group caches is a strict subset of its full blocks (KV-SWA-011, KV-SWA-012;
+            # vLLM #44082 left out the EAGLE peek block there). Among them the edges of a tail
+            # of ``t`` blocks: a window reading exactly t blocks back (window - 1 a multiple of
+            # the block size) and the smallest window reading as far.
+            size = draft[1]
+            tails = alignment // size - int(eagle) - 1  # the longest tail that stays sparse
+            if tails >= 1:
+                windows |= st.integers(1, tails).flatmap(
+                    lambda t, size=size: st.sampled_from([t * size + 1, (t - 1) * size + 2]))
+            draft[2] = draw(windows, label="window")
     max_model_len = alignment * draw(st.integers(4, 12), label="max_model_len blocks")
     chunked = any(kind == hybrid_spec.CHUNKED_LOCAL for kind, _, _ in drafts)
     if mamba is not None and not chunked and draw(st.integers(0, 2), label="one state block") == 0:
@@ -121,7 +132,11 @@ class GroupsRules:
             cut = data.draw(st.integers(0, len(source)) | st.integers(0, len(source) // alignment).map(
                 lambda k: k * alignment), label="cut")
             prefix = source[:cut]
-        suffix = data.draw(st.lists(TOKENS, min_size=1, max_size=3 * alignment), label="suffix")
+        # Prompts a whole number of aligned segments long (or one token past) as often as
+        # any other length: the first caching step then covers several segments at once.
+        length = data.draw(st.integers(1, 3 * alignment) | st.integers(1, 3).flatmap(
+            lambda k: st.sampled_from([k * alignment, k * alignment + 1])), label="suffix length")
+        suffix = data.draw(st.lists(TOKENS, min_size=length, max_size=length), label="suffix")
         prompt = (prefix + tuple(suffix))[:limit]
         self.prompts.append(prompt)
         request_id = self.new_request_id()
@@ -162,7 +177,13 @@ class GroupsRules:
             self.driver.apply(AppendTokens(request_id, tuple(data.draw(
                 st.lists(TOKENS, min_size=1, max_size=min(room, 3)), label="tokens"))))
         left = request.num_tokens - request.num_computed_tokens
-        chunk = data.draw(st.integers(1, max(1, left)) | st.just(max(1, left)), label="num_new_tokens")
+        chunks = st.integers(1, max(1, left)) | st.just(max(1, left))
+        # Or up to an aligned boundary: caching then ends exactly on a segment's end.
+        alignment = math.lcm(*(size for _, size, _ in self.driver.setup.groups))
+        aligned = (request.num_tokens // alignment) * alignment - request.num_computed_tokens
+        if aligned > 0:
+            chunks |= st.just(aligned)
+        chunk = data.draw(chunks, label="num_new_tokens")
         drafts = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="num_draft_tokens")
         lookahead = data.draw(st.sampled_from([0, 0, 0, 1, 3]), label="num_lookahead_tokens") \
             if self.caps.lookahead else 0
