@@ -44,9 +44,13 @@ def test_the_old_suite_names_are_aliases_of_the_manager_suite() -> None:
     for alias in ("lockstep", "hybrid-lifecycle"):
         suite = get_suite(alias)
         assert (suite.name, suite.alias) == ("manager", alias)
-    assert get_suite("lockstep").machine_options(ReferenceEngine()) == {"parts": (ONE_GROUP,)}
-    assert get_suite("manager").machine_options(ReferenceEngine()) == {"parts": (ONE_GROUP, GROUPS)}
-    assert get_suite("manager").machine_options(OneGroupOnly()) == {"parts": (ONE_GROUP,)}
+    random = {"workload": "random"}
+    assert get_suite("lockstep").machine_options(ReferenceEngine()) == {"parts": (ONE_GROUP,), **random}
+    assert get_suite("manager").machine_options(ReferenceEngine()) == {"parts": (ONE_GROUP, GROUPS), **random}
+    assert get_suite("manager").machine_options(OneGroupOnly()) == {"parts": (ONE_GROUP,), **random}
+    # The mooncake part is the one-group part on trace-shaped prompts (conformance/manager/trace.py).
+    assert get_suite("mooncake").machine_options(ReferenceEngine()) == {"parts": (ONE_GROUP,), "workload": "mooncake"}
+    assert get_suite("mooncake").scope() == get_suite("lockstep").scope()
 
 
 def test_an_adapter_without_kv_cache_groups_gets_one_group_models_only() -> None:

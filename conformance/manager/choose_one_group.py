@@ -78,6 +78,12 @@ class OneGroupRules:
     @rule(data=st.data())
     def add_request(self, data: st.DataObject) -> None:
         config = self._config()
+        if self.workload == "mooncake":  # prompts shaped like the Mooncake trace (trace.py)
+            prompt = self.conversations.next_prompt(data, config.block_size, config.max_model_len - 1)
+            salt = data.draw(st.sampled_from([None, None, None, "salt-1", ""]), label="salt") \
+                if self.caps.cache_salt else None
+            self.driver.apply(steps.AddRequest(self.new_request_id(), prompt, salt))
+            return
         live = [tuple(r.all_token_ids) for r in self.model.requests.values()]
         prefix: tuple[int, ...] = ()
         source = data.draw(st.sampled_from(["fresh", "live", "past", "past", "resend"]),

@@ -30,6 +30,7 @@ from ..steps import Configure
 from .choose_groups import GroupsRules, group_setups
 from .choose_one_group import OneGroupRules, manager_configs
 from .driver import ManagerDriver
+from .trace import Conversations
 
 #: The kinds of model an example configures.
 ONE_GROUP, GROUPS = "one-group", "groups"
@@ -42,6 +43,9 @@ class ManagerMachine(OneGroupRules, GroupsRules, SuiteMachine):
     driver: ManagerDriver
     #: The kinds of model examples configure (set from what the engine claims).
     parts: tuple[str, ...] = (ONE_GROUP,)
+    #: Where one-group prompts come from: "random" (a tiny alphabet, so that requests collide)
+    #: or "mooncake" (conversations shaped like the Mooncake trace, :mod:`.trace`).
+    workload: str = "random"
 
     def __init__(self) -> None:
         super().__init__()
@@ -51,6 +55,8 @@ class ManagerMachine(OneGroupRules, GroupsRules, SuiteMachine):
         #: Several groups: every prompt so far, and the computed tokens of released requests.
         self.prompts: list[tuple[int, ...]] = []
         self.warm: list[tuple[int, ...]] = []
+        #: The "mooncake" workload: the conversation under way.
+        self.conversations = Conversations()
 
     def new_request_id(self) -> str:
         return f"r{next(self.ids)}"
@@ -68,15 +74,16 @@ class ManagerMachine(OneGroupRules, GroupsRules, SuiteMachine):
         self.serve_shared_prefix(data)
 
 
-def machine_options(probe: Any, part: str | None = None) -> dict[str, Any]:
-    """The kinds of model to generate for ``probe``'s engine (``part``: only that kind)."""
+def machine_options(probe: Any, part: str | None = None, workload: str = "random") -> dict[str, Any]:
+    """The kinds of model to generate for ``probe``'s engine (``part``: only that kind), and
+    where one-group prompts come from."""
     claimed = PARTS if capabilities_of(probe).kv_cache_groups else (ONE_GROUP,)
     if part is None:
-        return {"parts": claimed}
+        return {"parts": claimed, "workload": workload}
     if part not in claimed:
         raise ValueError(f"its adapter does not claim kv_cache_groups (configure() with a HybridConfig of "
                          f"several KV-cache groups), which the {part} part of the manager suite needs")
-    return {"parts": (part,)}
+    return {"parts": (part,), "workload": workload}
 
 
 #: Rules only a model of one full-attention group reaches: the single-group chapters' lookups,
@@ -125,6 +132,8 @@ _SCOPE = frozenset(MANAGER.scope())
 # The names of the two suites the manager suite merged: each runs its part.
 register_alias("lockstep", "manager", "the manager suite's one-group part: one full-attention group",
                _SCOPE - GROUPS_ONLY, part=ONE_GROUP)
+register_alias("mooncake", "manager", "the manager suite's one-group part on prompts shaped like the Mooncake "
+               "conversation trace", _SCOPE - GROUPS_ONLY, part=ONE_GROUP, workload="mooncake")
 register_alias("hybrid-lifecycle", "manager", "the manager suite's groups part: one to three groups of any kinds",
                _SCOPE - ONE_GROUP_ONLY, part=GROUPS)
 
