@@ -82,6 +82,23 @@ def test_check_writes_the_html_report(checked: dict) -> None:
     assert "<script" not in text and "<link" not in text and "src=" not in text
 
 
+def test_the_json_report_carries_the_same_pictures(checked: dict) -> None:
+    """The pictures drawn for the page travel in the JSON report too, valid by its schema."""
+    report = checked["report"]
+    pictures = [cx["picture"] for rule in report["rules"] for cx in rule["counterexamples"]]
+    assert pictures and all(picture and picture["panels"] for picture in pictures), pictures
+    titles = [panel["title"] for picture in pictures for panel in picture["panels"]]
+    assert any(title.startswith("block tables of group 0") for title in titles), titles
+    assert any(draw.diverging(row, panel["compare"]) != ([False] * len(row["reference"] or []),
+                                                          [False] * len(row["engine"] or []))
+               for picture in pictures for panel in picture["panels"] for row in panel["rows"]), \
+        "no cell differs in any picture of a failure"
+    jsonschema = pytest.importorskip("jsonschema")
+    del jsonschema
+    from kvoracle.conformance.reports.schema import validate_report
+    validate_report(report)
+
+
 def test_html_is_refused_up_front_when_it_cannot_be_written(tmp_path: Path) -> None:
     done = subprocess.run([sys.executable, "-m", "kvoracle", "check", "--html", str(tmp_path)], cwd=tmp_path,
                           capture_output=True, text=True, timeout=300, check=False)

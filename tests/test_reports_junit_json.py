@@ -193,7 +193,8 @@ def test_real_reports_match_the_schema(reference_run: CheckResult, broken_run: C
 @pytest.mark.parametrize("damage", ["no format_version", "format_version 2", "format_version '1'",
                                     "no rules", "rule without outcome", "unknown outcome",
                                     "counterexample without steps", "unknown top-level field",
-                                    "negative conviction", "wrong format"])
+                                    "negative conviction", "wrong format", "picture without panels",
+                                    "picture as text"])
 def test_schema_rejects_a_damaged_report(broken_run: CheckResult, damage: str) -> None:
     pytest.importorskip("jsonschema")
     report = json.loads(json.dumps(to_json(broken_run)))
@@ -219,6 +220,10 @@ def test_schema_rejects_a_damaged_report(broken_run: CheckResult, damage: str) -
         rule["runs"][0]["conviction_s"] = -1.0
     elif damage == "wrong format":
         report["format"] = "junit"
+    elif damage == "picture without panels":
+        rule["counterexamples"][0]["picture"] = {"suite": "manager", "rule": "KV-POOL-007", "step": 3}
+    elif damage == "picture as text":
+        rule["counterexamples"][0]["picture"] = "block tables"
     with pytest.raises(report_schema.InvalidReport) as raised:
         report_schema.validate_report(report)
     assert raised.value.errors

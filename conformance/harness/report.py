@@ -170,7 +170,7 @@ def format_counterexamples(result: CheckResult) -> str:
 def _example_json(example: Counterexample) -> dict:
     return {"suite": example.suite, "message": example.message, "engine_error": example.engine_error,
             "flaky": example.flaky, "shrunk": example.shrunk,
-            "steps": [repr(s) for s in example.steps], "replay": example.replay_path}
+            "steps": [repr(s) for s in example.steps], "replay": example.replay_path, "picture": example.picture}
 
 
 def seconds(value: float | None) -> float | None:
