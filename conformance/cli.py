@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from kvoracle import __version__
@@ -140,6 +140,47 @@ def _say(message: str) -> None:
     print(message, flush=True)
 
 
+def _display_wanted(args: argparse.Namespace, quiet: bool = False) -> bool:
+    """Whether the run shows the live progress display: ``--progress``/``--no-progress``, else
+    when stdout is a terminal that can redraw (rich's judgement: not ``TERM=dumb``) and rich, an
+    optional extra, is installed. Without rich, ``--progress`` says so once (unless ``quiet``)."""
+    if args.progress is False:
+        return False
+    try:
+        from rich.console import Console
+    except ImportError:
+        if args.progress and not quiet:
+            print("note: --progress needs rich (pip install 'kvoracle[report]'); plain progress lines instead",
+                  file=sys.stderr, flush=True)
+        return False
+    if args.progress:
+        return True
+    try:
+        terminal = sys.stdout.isatty()
+    except (AttributeError, ValueError):
+        return False
+    return terminal and Console(file=sys.stdout).is_interactive
+
+
+@contextlib.contextmanager
+def _progress(args: argparse.Namespace) -> Iterator[tuple[Callable[[str], None], object]]:
+    """Where the run's progress goes while it runs: a progress-line printer, and the observer
+    (the live display) or ``None``. The display stops before the report is printed."""
+    if not _display_wanted(args):
+        yield _say, None
+        return
+    from .reports.progress import LiveProgress
+    with LiveProgress() as display:
+        yield display.say, display
+
+
+def _say_after_display(message: str) -> None:
+    """The supervisor's lines after a worker that showed the display died mid-frame."""
+    from .reports.progress import end_of_display
+    end_of_display()
+    _say(message)
+
+
 def _check(args: argparse.Namespace) -> int:
     from .harness.engines import EngineLoadError
     from .harness.expectations import ExpectationsError
@@ -160,12 +201,15 @@ def _check(args: argparse.Namespace) -> int:
     try:
         if args.in_process:
             _interrupt_once()
-            result = run_suites(args.engine, suites, options, progress=_say, expectations=expectations,
-                                explicit=args.suite is not None)
+            with _progress(args) as (say, observer):
+                result = run_suites(args.engine, suites, options, progress=say, expectations=expectations,
+                                    explicit=args.suite is not None, observer=observer)
         else:
+            # The worker shows the display, on the stdout it inherits.
+            say = _say_after_display if _display_wanted(args, quiet=True) else _say
             with tempfile.TemporaryDirectory(prefix="kvoracle-") as state:
                 result = supervise(worker_command(args.argv, Path(state)), args.engine, suites, options,
-                                   Path(state), _say)
+                                   Path(state), say)
     except (EngineLoadError, ExpectationsError) as error:
         print(f"error: {error}", file=sys.stderr)
         return EXIT_USAGE
@@ -189,9 +233,10 @@ def _work(args: argparse.Namespace, options, expectations) -> int:
     summary: dict[str, object] = {}
     _interrupt_once()
     try:
-        result = run_suites(args.engine, args.worker_suites.split(","), options, progress=_say,
-                            expectations=expectations, explicit=args.suite is not None, trail=trail,
-                            checkpoint=Checkpoints(directory), fresh_after_hang=True)
+        with _progress(args) as (say, observer):
+            result = run_suites(args.engine, args.worker_suites.split(","), options, progress=say,
+                                expectations=expectations, explicit=args.suite is not None, trail=trail,
+                                checkpoint=Checkpoints(directory), fresh_after_hang=True, observer=observer)
         summary = {"unsupported": result.unsupported, "incomplete": result.incomplete,
                    "handed_on": result.handed_on, "not_run": result.not_run}
     except (EngineLoadError, ExpectationsError) as error:
@@ -401,6 +446,10 @@ def build_parser() -> argparse.ArgumentParser:
                             "Hypothesis directory; 'none' for no database)")
     check.add_argument("--no-database", action="store_true",
                        help="no example database: the examples depend on the seed alone")
+    check.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None,
+                       help="a live display of the run (rich): per suite its round and phase, examples run, "
+                            "rules failed so far, time; default: on when stdout is a terminal that can redraw "
+                            "(not TERM=dumb) and rich is installed (kvoracle[report]); NO_COLOR: no colours")
     check.add_argument("--in-process", action="store_true",
                        help="run the engine in this process (no supervisor: an engine that kills its process "
                             "then takes the report with it)")

@@ -171,15 +171,67 @@ def load_suite_engine(engine: str | Callable[[], Any], suite: SuiteDef, caller: 
 Checkpoint = Callable[..., None]
 
 
+class RunObserver:
+    """Told how a run goes, while it goes: ``kvoracle check``'s live display
+    (:mod:`kvoracle.conformance.reports.progress`) is one. Every method here does nothing; an
+    observer overrides those it shows. It only observes: the runner reads nothing back, and an
+    observer that raises is dropped for the rest of the run (one line says so), so no observer
+    changes a verdict or an example count. ``suite`` is the name the run was asked for: a
+    part's alias (``lockstep``), else the suite's name."""
+
+    def suite_started(self, suite: str, label: str, engine: str) -> None:
+        """A suite run begins, its engine loaded; ``label`` names it as the report does."""
+
+    def round_started(self, suite: str, round_number: int, replaying: bool, max_examples: int,
+                      seed: int) -> None:
+        """Round ``round_number`` (from 1) begins: replaying the example database's stored
+        failures, or drawing up to ``max_examples`` examples from ``seed``."""
+
+    def example_started(self, suite: str, in_round: int, in_all: int) -> None:
+        """An example begins (a test call: drawn, replayed or tried while shrinking); how many
+        have begun in this round and in the suite run, this one included."""
+
+    def failure_seen(self, suite: str, rule_id: str) -> None:
+        """``rule_id`` failed in an example for the first time in this suite run. Its round goes
+        on looking for other failures for a while, then shrinks."""
+
+    def rule_failed(self, suite: str, rule_id: str, engine_error: bool) -> None:
+        """``rule_id`` is convicted: its counterexample (shrunk, or as it was) is recorded."""
+
+    def drawing(self, suite: str, count: int) -> None:
+        """The rounds are over; ``count`` counterexamples are replayed for their pictures."""
+
+    def suite_finished(self, suite: str, result: RunResult) -> None:
+        """The suite run is over (complete or not, ``result.incomplete`` says)."""
+
+
+class _Notify:
+    """Calls an observer's methods; drops it at its first exception."""
+
+    def __init__(self, observer: RunObserver | None, say: Callable[[str], None]) -> None:
+        self.observer, self.say = observer, say
+
+    def __call__(self, method: str, *args: Any) -> None:
+        if self.observer is None:
+            return
+        try:
+            getattr(self.observer, method)(*args)
+        except Exception as error:
+            self.observer = None
+            self.say(f"  progress display dropped ({type(error).__name__}: {error}); the run goes on")
+
+
 def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None,
               progress: Callable[[str], None] | None = None,
               expectations: dict[str, str] | None = None, suite: str | SuiteDef = "manager",
-              trail: Trail | None = None, checkpoint: Checkpoint | None = None) -> RunResult:
+              trail: Trail | None = None, checkpoint: Checkpoint | None = None, *,
+              observer: RunObserver | None = None) -> RunResult:
     """Run every rule ``suite`` judges against ``engine``; never raises for engine failures.
 
     Raises :class:`SuiteLoadError` (or :class:`~.engines.EngineLoadError`) before running
     when the engine cannot be run in the suite. ``trail`` and ``checkpoint`` let a
-    supervising process recover the run if the engine kills this one (:mod:`.supervisor`).
+    supervising process recover the run if the engine kills this one (:mod:`.supervisor`);
+    ``observer`` is told how the run goes (:class:`RunObserver`).
     """
     options = options or RunOptions()
     problems = options.problems()
@@ -190,6 +242,7 @@ def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None
     hypothesis.configuration.set_hypothesis_home_dir(options.hypothesis_dir or default_hypothesis_dir())
     caller = EngineCaller(options.step_timeout, returns=suite.returns, clock=options.timeout_clock, trail=trail)
     note = checkpoint or (lambda result, done=False: None)
+    notify = _Notify(observer, say)
     try:
         factory, probe = load_suite_engine(engine, suite, caller)
         spec = engine if isinstance(engine, str) else engine_spec_of(engine, suite)
@@ -202,7 +255,9 @@ def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None
         result = RunResult(suite.name, str(getattr(probe, "name", type(probe).__name__)),
                            _version(probe), spec, options, verdicts, part=suite.alias)
         note(result)
-        _rounds(result, suite, factory, probe, caller, say, note)
+        label = f"{result.suite} ({result.part} part)" if result.part else result.suite
+        notify("suite_started", suite.alias or suite.name, label, spec)
+        _rounds(result, suite, factory, probe, caller, say, note, notify)
         result.abandoned = tuple(sorted(caller.quarantine.hung))
     finally:
         caller.close()
@@ -215,13 +270,14 @@ def run_suite(engine: str | Callable[[], Any], options: RunOptions | None = None
     if options.pictures and result.incomplete is None:
         # Drawn once the verdicts are checkpointed: an engine that kills the process while being
         # replayed for its pictures costs the pictures, never the verdicts.
-        _draw_pictures(result, suite, factory, dict(caller.quarantine.hung), say)
+        _draw_pictures(result, suite, factory, dict(caller.quarantine.hung), say, notify)
         note(result, done=True)
+    notify("suite_finished", suite.alias or suite.name, result)
     return result
 
 
 def _draw_pictures(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], hung: dict[str, str],
-                   say: Callable[[str], None]) -> None:
+                   say: Callable[[str], None], notify: _Notify) -> None:
     """Each counterexample's picture at its failing step (:func:`~.replay.picture_replay`): one
     replay each, whose outcome changes no verdict. Ctrl-C stops it, the run marked incomplete."""
     examples = [example for outcome in result.verdicts.outcomes.values()
@@ -229,6 +285,7 @@ def _draw_pictures(result: RunResult, suite: SuiteDef, factory: Callable[[], Any
     if not examples:
         return
     say(f"  drawing {len(examples)} counterexample(s) at their failing steps")
+    notify("drawing", suite.alias or suite.name, len(examples))
     try:
         for example in examples:
             example.picture = picture_replay(suite, factory, example, result.options.step_timeout,
@@ -246,8 +303,21 @@ def _version(probe: Any) -> str:
 
 
 def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], probe: Any,
-            caller: EngineCaller, say: Callable[[str], None], note: Checkpoint) -> None:
+            caller: EngineCaller, say: Callable[[str], None], note: Checkpoint, notify: _Notify) -> None:
     options, verdicts = result.options, result.verdicts
+    name = suite.alias or suite.name
+    round_began = seen = 0  # the examples before this round; the rules in verdicts.first_seen told of
+    told: set[str] = set()  # the convicted rules told of
+
+    def tell_failures() -> None:
+        nonlocal seen
+        if len(verdicts.first_seen) != seen:  # it only grows
+            for rule_id in list(verdicts.first_seen)[seen:]:
+                notify("failure_seen", name, rule_id)
+            seen = len(verdicts.first_seen)
+        for rule_id in sorted(verdicts.suppressed - told):
+            told.add(rule_id)
+            notify("rule_failed", name, rule_id, not verdicts.outcomes[rule_id].counterexamples)
     if options.step_timeout is not None and options.timeout_clock == "engine" \
             and not caller.measures_engine_time:
         say("  note: no per-thread scheduler statistics here; step timeouts are wall time")
@@ -258,6 +328,9 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
         clock.tick()
         note(result)
         result.examples += 1
+        if notify.observer is not None:
+            tell_failures()
+            notify("example_started", name, result.examples - round_began, result.examples)
         if result.examples % 50 == 0:
             checks = sum(o.checks for o in verdicts.outcomes.values())
             say(f"  ... {result.examples} examples, {checks} checks")
@@ -303,14 +376,19 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                     f"{options.step_count} steps (seed {seed})")
             recorded_before = set(verdicts.suppressed)
             seen_before = set(verdicts.first_seen)
+            round_began = result.examples
+            notify("round_started", name, result.rounds, replaying, max_examples, seed)
             try:
                 with independent_of_imports(), independent_of_time(clock), independent_of_hashing():
                     test()
             except (HypothesisException, Exception) as error:
-                if not _record_round_failures(error, verdicts, seen_before, result, say):
+                recorded = _record_round_failures(error, verdicts, seen_before, result, say)
+                tell_failures()
+                if not recorded:
                     break
                 note(result)
             else:
+                tell_failures()
                 # A round that raised nothing may still have recorded hangs (never shrunk).
                 hangs = verdicts.suppressed - recorded_before
                 for rule_id in sorted(hangs):
@@ -329,6 +407,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
         result.duration_s = time.perf_counter() - started
     for example in verdicts.unrecorded_failures():
         verdicts.record(example)
+    tell_failures()
 
 
 def _record_round_failures(error: BaseException, verdicts: Verdicts, seen_before: set[str],
@@ -390,7 +469,8 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
                progress: Callable[[str], None] | None = None,
                expectations: Callable[[SuiteDef, Any], dict[str, str] | None] | None = None,
                explicit: bool = False, trail: Trail | None = None,
-               checkpoint: Checkpoint | None = None, fresh_after_hang: bool = False) -> CheckResult:
+               checkpoint: Checkpoint | None = None, fresh_after_hang: bool = False, *,
+               observer: RunObserver | None = None) -> CheckResult:
     """Run each of ``suites`` the engine has an adapter for.
 
     ``expectations(suite, probe)`` gives a suite's expected failures. With ``explicit``
@@ -399,7 +479,8 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
     only an engine that supports none of them is an error. With ``fresh_after_hang`` (the
     supervised worker) the suites after one whose engine call never answered are not run
     here but listed in ``handed_on``: the abandoned call may still hold this process's CPU
-    and GIL, and would slow every later engine call.
+    and GIL, and would slow every later engine call. ``observer`` is told how each suite
+    run goes (:class:`RunObserver`).
     """
     say = progress or (lambda message: None)
     check = CheckResult(engine if isinstance(engine, str) else engine_spec_of(engine), options)
@@ -420,7 +501,7 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
     if not plans:
         raise SuiteLoadError("no suite can run this engine:\n  " + "\n  ".join(check.unsupported.values()))
     for index, (suite, expected) in enumerate(plans):
-        result = run_suite(engine, options, say, expected, suite, trail, checkpoint)
+        result = run_suite(engine, options, say, expected, suite, trail, checkpoint, observer=observer)
         check.runs.append(result)
         if result.incomplete is not None:
             check.incomplete = f"{suite.name}: {result.incomplete}"
