@@ -236,7 +236,8 @@ def _work(args: argparse.Namespace, options, expectations) -> int:
         with _progress(args) as (say, observer):
             result = run_suites(args.engine, args.worker_suites.split(","), options, progress=say,
                                 expectations=expectations, explicit=args.suite is not None, trail=trail,
-                                checkpoint=Checkpoints(directory), fresh_after_hang=True, observer=observer)
+                                checkpoint=Checkpoints(directory), fresh_after_hang=True, observer=observer,
+                                resumed=args.worker_resumed)
         summary = {"unsupported": result.unsupported, "incomplete": result.incomplete,
                    "handed_on": result.handed_on, "not_run": result.not_run}
     except (EngineLoadError, ExpectationsError) as error:
@@ -455,6 +456,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "then takes the report with it)")
     check.add_argument("--worker-state", help=argparse.SUPPRESS)
     check.add_argument("--worker-suites", help=argparse.SUPPRESS)
+    check.add_argument("--worker-resumed", action="store_true", help=argparse.SUPPRESS)
     check.set_defaults(run=_check)
 
     fuzz = commands.add_parser(

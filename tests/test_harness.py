@@ -153,6 +153,25 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict]:
     return results
 
 
+def test_a_death_in_the_first_of_the_default_suites_keeps_its_verdicts(tmp_path: Path) -> None:
+    """No --suite: the engine dies in the manager suite, and the suites left have no adapter for
+    it. The new worker reports them unsupported (it used to stop with "no suite can run this
+    engine", exit 2, and the dead suite's verdicts were lost)."""
+    report = tmp_path / "report.json"
+    done = subprocess.run([*KVORACLE, "check", "--engine", "faulty_engines:SegfaultsOnReset", "--max-examples", "30",
+                           "--seed", "0", "--json", str(report), "--replay-dir", str(tmp_path / "replays")],
+                          cwd=TESTS, env=ENV, capture_output=True, text=True, timeout=900, check=False)
+    output = done.stdout + done.stderr
+    assert done.returncode == 1, output
+    assert "no suite can run" not in output
+    data = json.loads(report.read_text())
+    assert [run["suite"] for run in data["suites"]] == ["manager"]
+    assert "SIGSEGV" in data["incomplete_reason"]
+    assert set(data["unsupported_suites"]) == {"hybrid", "external-store"}
+    charged = [rule for rule in data["rules"] if rule["outcome"] == "error"]
+    assert charged and "the process died (SIGSEGV)" in charged[0]["counterexamples"][0]["message"], output
+
+
 def _replay(path: str, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", path], cwd=TESTS,
                           env=ENV, capture_output=True, text=True, timeout=timeout, check=False)

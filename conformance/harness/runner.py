@@ -470,13 +470,15 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
                expectations: Callable[[SuiteDef, Any], dict[str, str] | None] | None = None,
                explicit: bool = False, trail: Trail | None = None,
                checkpoint: Checkpoint | None = None, fresh_after_hang: bool = False, *,
-               observer: RunObserver | None = None) -> CheckResult:
+               observer: RunObserver | None = None, resumed: bool = False) -> CheckResult:
     """Run each of ``suites`` the engine has an adapter for.
 
     ``expectations(suite, probe)`` gives a suite's expected failures. With ``explicit``
     (the user named the suites) a suite the engine cannot run in is an error
     (:class:`SuiteLoadError`); otherwise it is skipped and listed in ``unsupported``, and
-    only an engine that supports none of them is an error. With ``fresh_after_hang`` (the
+    only an engine that supports none of them is an error -- unless the run is ``resumed`` (a
+    new worker for the suites left after another's death, which ran some already). With
+    ``fresh_after_hang`` (the
     supervised worker) the suites after one whose engine call never answered are not run
     here but listed in ``handed_on``: the abandoned call may still hold this process's CPU
     and GIL, and would slow every later engine call. ``observer`` is told how each suite
@@ -498,7 +500,7 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
         finally:
             caller.close()
         plans.append((suite, expectations(suite, probe) if expectations else None))
-    if not plans:
+    if not plans and not resumed:
         raise SuiteLoadError("no suite can run this engine:\n  " + "\n  ".join(check.unsupported.values()))
     for index, (suite, expected) in enumerate(plans):
         result = run_suite(engine, options, say, expected, suite, trail, checkpoint, observer=observer)

@@ -167,11 +167,12 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
     starting a new worker after each death, and gather what the workers wrote."""
     result = CheckResult(engine, options)
     remaining = list(suites)
+    resumed: list[str] = []
     while remaining:
         asked = len(remaining)
         # The worker stays in this process group and session: Ctrl-C reaches it from the terminal,
         # and it keeps the user's scheduling (a session of its own would escape `nice`).
-        process = subprocess.Popen([*command, "--worker-suites", ",".join(remaining)])
+        process = subprocess.Popen([*command, "--worker-suites", ",".join(remaining), *resumed])
         forward = _forward_signals(process)
         try:
             returncode = process.wait()
@@ -203,6 +204,7 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
             if data.get("handed_on") and 0 < len(remaining) < asked and returncode == 0:
                 say(f"starting a fresh engine process for {', '.join(remaining)}: an engine call that never "
                     f"answered may still be running in the last one")
+                resumed = ["--worker-resumed"]
                 continue
         if not remaining or returncode == 0:
             break
@@ -218,6 +220,9 @@ def supervise(command: Sequence[str], engine: str, suites: Sequence[str], option
             say(f"{crashed}: {run.incomplete}; its verdicts so far are kept")
         for stale in (directory / "trail", Checkpoints(directory).path(crashed)):
             stale.unlink(missing_ok=True)
+        # The next worker runs what is left: that the engine has an adapter for none of it is
+        # no longer an error (the suites not named may all be unsupported), only a report line.
+        resumed = ["--worker-resumed"]
     return result
 
 
