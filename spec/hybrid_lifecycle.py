@@ -44,7 +44,9 @@ token: the state of every earlier token is skipped, so its blocks are freed and
 become nulls, and the need counts ``num_speculative_blocks`` blocks more for
 speculative decoding. With a block size of at least the model length that is
 one state block per request (plus the speculative ones). With prefix caching on
-vLLM uses its "align" mode, which kvoracle does not specify (KV-MAMBA-003).
+vLLM uses its "align" mode, chapter 8's (KV-MAMBA-004 to KV-MAMBA-017): state pages
+at positions of a table whose other entries are null, freed and cached by rules of
+their own, and a need that ignores the window of KV-HLC-002.
 
 Two behaviours of vLLM 0.33.0 are outside what kvoracle specifies and are
 named: a full-attention group whose block size exceeds the hash block size
@@ -70,8 +72,8 @@ STKV = "vllm/v1/core/single_type_kv_cache_manager.py"
 
 #: Cross attention: a group sized by the encoder input (KV-CROSS-001), never cached.
 CROSS_ATTENTION = "cross_attention"
-#: Kinds a hybrid lifecycle may hold (Mamba only without prefix caching: its "align"
-#: allocation is not specified, KV-MAMBA-003).
+#: Kinds a hybrid lifecycle may hold (Mamba without prefix caching as KV-HLC-008 says; with
+#: it, in "align" mode, its table, need and caching follow chapter 8, KV-MAMBA-004 on).
 LIFECYCLE_KINDS = (FULL, SLIDING_WINDOW, CHUNKED_LOCAL, CROSS_ATTENTION, MAMBA)
 #: Kinds whose tables hold nulls for tokens outside the attention window.
 WINDOWED_KINDS = (SLIDING_WINDOW, CHUNKED_LOCAL, MAMBA)

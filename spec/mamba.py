@@ -2,9 +2,22 @@
 
 A Mamba layer keeps one recurrent *state* per request instead of per-token
 KV. To resume after ``L`` tokens only the state after token ``L`` is needed,
-not the blocks before it. With prefix caching (vLLM's ``"align"`` cache mode)
-the state is snapshotted at every ``block_size``-token boundary into the
-block that ends there, and that block is cached under the boundary's hash.
+not the blocks before it. vLLM 0.33.0 has two cache modes for a Mamba group,
+and which one a group is in follows prefix caching: ``"none"`` with caching
+off, ``"align"`` with it on (vLLM derives the mode from
+``enable_prefix_caching`` and its ``MambaManager`` refuses caching in
+``"none"`` mode). Without caching a group keeps the last state only
+(KV-HLC-008). This chapter is about the ``"align"`` mode.
+
+Words used below. ``B`` is the Mamba group's block size, which in kvoracle is
+also the hash block size (KV-MAMBA-003). A block of the table is a *state
+page*: table entry ``i`` stands for the state after ``(i + 1) * B`` tokens.
+``s`` is the spec's ``num_speculative_blocks`` (the pages MTP/EAGLE drafting
+needs beyond the running state). ``A`` is the alignment of hits: the block
+size with one KV-cache group, the scheduler block size (the LCM of the groups'
+block sizes) with several. A step's *main tokens* ``T`` are the request's
+computed tokens (hit included) plus the tokens scheduled this step; look-ahead
+tokens do not count -- draft models have no Mamba layers.
 
 **The hit** (KV-MAMBA-001). Scanning right to left from the last block within
 ``max_length``, the hit ends at the first cached block whose end is a multiple
@@ -20,11 +33,111 @@ gives a Mamba group no EAGLE look-ahead margin -- giving it one lets the Mamba
 group return a hit *longer* than the candidate every other group agreed on
 (vLLM issue #43559, the historical failure the meta-tests replay).
 
-**Scope** (KV-MAMBA-003). Sub-block ("fine-grained partial") hits, which vLLM
-enables when a Mamba group's block size is larger than the hash block size,
-and the align mode's checkpoint/speculative-block allocation are not
-specified here. kvoracle generates Mamba groups whose block size equals the
-hash block size, which keeps partial hits off in the engine.
+**Scope** (KV-MAMBA-003). kvoracle rejects the Mamba configurations it does
+not specify: a cache mode that contradicts prefix caching, and a Mamba block
+larger than the hash block with caching on. The latter is what turns on vLLM's
+*fine-grained partial hits*: hits that end inside a Mamba block, a partial
+tail entry registered at the prompt's last hash boundary, and the
+copy-on-write of that shared tail (a request resuming inside a block gets a
+private copy of the state page, or, while it still writes the page, the cache
+entry moves to the copy). Sparse checkpoint retention
+(``prefix_cache_retention_interval``), the shared-prefix checkpoint
+(``enable_mamba_shared_prefix_checkpoint``), look-ahead hashes and KV
+connectors are not kvoracle parameters at all: the engines run with them off.
+
+**The table of a request** (KV-MAMBA-004). An align-mode table is indexed by
+position, like a full-attention one, but it holds at most a few pages: the
+running state, the speculative pages and a checkpoint. When an allocation
+brings a request to ``T`` main tokens and the table has fewer than
+``cdiv(T, B) + s`` entries, the table grows to exactly that: null entries up to
+the running page at ``cdiv(T, B) - 1``, then ``s`` speculative pages. The
+running page of a request that has allocated before is a block taken from the
+free queue, or one of its earlier speculative pages (KV-MAMBA-005). A table at
+least that long is left as it is (unless a checkpoint is due). The allocation
+*returns* the table's new tail -- nulls and moved pages included -- not just the
+blocks taken from the pool.
+
+**Speculative pages move** (KV-MAMBA-005). The speculative pages of a request
+that has allocated before sit at the end of its table. When the table grows
+past them, every one of them that would otherwise stand before the new running
+page is moved to the end of the table (and a null put in its place), in table
+order, instead of being freed and another block taken: an exclusively owned,
+uncached page can simply change position. Only the pages still missing after
+the moves are taken from the free queue; the first allocation of a request
+moves nothing.
+
+**Prefill checkpoints** (KV-MAMBA-006). A state is written where a chunk ends.
+A backend that can also export the state at a point *inside* a chunk
+(``num_prefill_checkpoint_blocks > 0`` with a ``prefill_checkpoint_alignment``)
+gets an extra page for it: the *checkpoint*. Its position is the last multiple
+of ``A`` below the chunk's end ``T`` (with EAGLE: the last multiple at most ``T``,
+less one alignment unit, where an EAGLE hit drops back to); it is written into
+table entry ``cdiv(T, B) - 2``, the
+page before the running one, which the allocation then does not make null.
+The backend can export it only if the chunk starts on a hash boundary, the
+position lies strictly inside the chunk, at least one hash block after its
+start and a multiple of the checkpoint alignment away from it, and the
+checkpoint's page lies after the page the chunk starts from. A one-token decode
+step never qualifies; one with draft tokens can, past the committed tokens
+(KV-MAMBA-017).
+
+**What an allocation needs** (KV-MAMBA-007, KV-MAMBA-008). The free blocks an
+align-mode group consumes: the growth of its table, ``cdiv(T, B) + s`` minus
+the entries it holds and the hit entries it adopts, capped at what is taken
+from the pool -- one running page, one checkpoint if due, and, on a request's
+first allocation, the ``s`` speculative pages -- plus the hit's state page if
+it sits in the free queue. A table longer than the step needs (after
+rejected drafts, ``T`` can shrink) needs nothing: never a negative number.
+vLLM 0.33.0 returns the difference unfloored, and the negative number hides
+another group's need from the capacity check (``docs/findings/
+mamba-negative-need.md``).
+
+**A state cached this step is not a hit yet** (KV-MAMBA-009). A page is
+cached in the step that allocates it, before the forward pass has written the
+state into it. A request whose Mamba hit ends on a page cached in the current
+step (under the same key) is therefore not admitted in that step: its
+allocation fails as if the pool were full. The scheduler starts a new step
+with ``new_step_starts()``, which forgets the pages cached so far.
+
+**States are freed one step late** (KV-MAMBA-010). Before each allocation a
+group frees the pages before the one holding the last processed token: every
+non-null entry in ``[retired, (P - 1) // B)`` (``P`` the processed tokens),
+right to left, in one release, and replaces it by the null block. Unlike a
+sliding-window group it does not stop at the first null -- a prefill leaves
+nulls between its pages -- so it remembers how far it has retired instead. The
+page the previous step's state was copied from is thus released at the next
+allocation, when the current state has been computed from it.
+
+**Caching** (KV-MAMBA-011). After an allocation the group caches the non-null
+entries among its full blocks up to the cacheable tokens (KV-HLC-005) under
+their positional keys; a page that already carries a key (a checkpoint keyed
+earlier) loses it first. Then a checkpoint reserved this step is keyed at its
+position, ``hash(prefix of position tokens)``, replacing whatever key its page
+had, unless it carries that key already -- or lies past the request's hashed tokens,
+which a step with draft tokens can reach (KV-MAMBA-017). With one KV-cache group the
+checkpoint's page is its own position and this changes nothing; with several,
+the checkpoint's position can lie before its page (page ``cdiv(T, B) - 2``,
+position a multiple of ``A``), and the page is then found by a lookup of the
+position, as page ``position / B - 1``.
+
+**Freeing a request** (KV-MAMBA-012). ``free`` hands the table to the pool
+tail first; the pool skips every null entry, leading or not.
+
+**The shape of a table** (KV-MAMBA-013). Nulls may sit anywhere in an
+align-mode table (KV-HYB-013's "nulls only as a prefix" does not hold for it),
+but its last ``1 + s`` entries -- the running state and the speculative pages
+-- are never null.
+
+**The state pages** (KV-MAMBA-014, KV-MAMBA-015, KV-MAMBA-016). The model
+runner writes the state after a step's ``T`` main tokens into table entry
+``cdiv(T, B) - 1`` and a checkpoint's state into its entry, starting from the
+state of the previous step's running page. A page cached under the key of a
+prefix of ``P`` tokens must hold the state after exactly ``P`` tokens once a
+hit can read it. That holds only if the scheduler chunks the prefill so that
+states are written where they are cached: in align mode it ends every prefill
+chunk but the prompt's last on a block boundary, and a chunk that starts inside
+a block stops at the next boundary (KV-MAMBA-016). A chunk breaking that rule
+leaves a page whose key names a later boundary than the state it holds.
 """
 
 from __future__ import annotations
@@ -32,11 +145,20 @@ from __future__ import annotations
 import icontract
 
 from .contracts import ENABLED
+from .lifecycle import cdiv
 from .registry import INPUT_VALIDATION, defines, rule
 
 CHAPTER = "mamba"
 STKV = "vllm/v1/core/single_type_kv_cache_manager.py"
 COORD = "vllm/v1/core/kv_cache_coordinator.py"
+MGR = "vllm/v1/core/kv_cache_manager.py"
+IFACE = "vllm/v1/kv_cache_interface.py"
+SCHED = "vllm/v1/core/sched/scheduler.py"
+
+#: A layout entry (:func:`align_layout`): the null block.
+NULL = -1
+#: A layout entry: a block taken from the free queue.
+NEW = -2
 
 KV_MAMBA_001 = rule(
     "KV-MAMBA-001",
@@ -63,18 +185,203 @@ KV_MAMBA_002 = rule(
 )
 KV_MAMBA_003 = rule(
     "KV-MAMBA-003",
-    "Fine-grained partial hits and align-mode allocation are out of scope",
-    """kvoracle specifies Mamba lookups with block_size == hash_block_size (no sub-block
-    hits); the engine's align-mode checkpoint and speculative-block allocation (prefix
-    caching on) are not modelled, so with caching on Mamba groups take part in lookup checks,
-    not in lockstep allocation. With caching off ("none" mode) allocation is KV-HLC-008.""",
-    source=f"vllm/v1/core/kv_cache_utils.py partial_hash_hits_enabled; {STKV} MambaManager",
+    "Sub-block Mamba hits and a cache mode that contradicts prefix caching are rejected",
+    """With prefix caching on, a Mamba group's block size must equal hash_block_size: a
+    larger one turns on vLLM's fine-grained partial hits (sub-block hits, partial tail
+    entries and their copy-on-write), which kvoracle does not specify. mamba_cache_mode
+    must be "align" with prefix caching on and "none" with it off: vLLM derives the mode
+    from enable_prefix_caching, and its MambaManager refuses caching in "none" mode. (Until
+    the align chapter, align-mode allocation was out of scope here too; KV-MAMBA-004 to
+    KV-MAMBA-017 now specify it.)""",
+    source=f"vllm/v1/core/kv_cache_utils.py partial_hash_hits_enabled; {STKV} MambaManager.__init__ "
+           "(align-or-no-caching assertion); vllm/model_executor/models/config.py "
+           "MambaModelConfig.verify_and_update_config",
     chapter=CHAPTER,
     kind="validation",
     spec_only=INPUT_VALIDATION,
 )
+KV_MAMBA_004 = rule(
+    "KV-MAMBA-004",
+    "An align-mode table grows to the running page and the speculative pages",
+    """An allocation that brings a request to T main tokens (computed plus scheduled, no
+    look-ahead) leaves a table with fewer than cdiv(T, B) + s entries exactly that long: null
+    entries up to the running page at cdiv(T, B) - 1 (but a due checkpoint's entry,
+    KV-MAMBA-006), then s speculative pages; a longer table is left unchanged when no
+    checkpoint is due. The allocation returns the table's entries past its old length, nulls
+    and moved pages included, then the blocks taken from the pool.""",
+    source=f"{STKV} MambaManager.allocate_new_blocks (align branch: early return, null padding, "
+           "new blocks, returned_blocks)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_005 = rule(
+    "KV-MAMBA-005",
+    "A running request's speculative pages are moved, not replaced",
+    """When the table of a request that has allocated before grows, each of its last s
+    entries (in table order) whose index is below cdiv(T, B) - 1 (minus one more with a due
+    checkpoint) is moved to the end of the table and replaced by the null block; the moves
+    stop at the first entry that stays. Only the entries still missing are new blocks: at
+    most one running page and one checkpoint. A request's first allocation moves nothing and
+    takes its s speculative pages from the pool.""",
+    source=f"{STKV} MambaManager.allocate_new_blocks (blocks_allocated relocation loop) / "
+           "_relocate_speculative_block",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_006 = rule(
+    "KV-MAMBA-006",
+    "A prefill chunk reserves a checkpoint page where the backend can export the state",
+    """With num_prefill_checkpoint_blocks > 0 and a prefill_checkpoint_alignment c, a step
+    from S computed to T main tokens reserves a checkpoint at position p = the last multiple
+    of A at most T - 1 (with EAGLE: at most T, less A), in entry k = cdiv(T, B) - 2, iff p >
+    0, k >= 0, S is a multiple of the hash block size, k > (S - 1) // B, S + hash block <= p,
+    S < p < T, (p - S) % c == 0, and entry k is past the table's end, null, or (for a request
+    that has allocated before) one of its last s entries.""",
+    source=f"{STKV} MambaManager._needs_internal_checkpoint / get_num_blocks_to_allocate; {IFACE} "
+           "get_mamba_prefill_checkpoint_position / is_mamba_prefill_checkpoint_valid; "
+           f"{COORD} KVCacheCoordinator.__init__ (drop_eagle_checkpoint_block)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_007 = rule(
+    "KV-MAMBA-007",
+    "An align-mode group needs its table's growth, capped at one page per role",
+    """The free blocks an align-mode group consumes are g = cdiv(T, B) + s - held entries -
+    hit entries, capped (when positive) at 1 + (1 if a checkpoint is due) + (s on the request's
+    first allocation), plus 1 if the hit's state page sits in the free queue. Nothing about
+    the window is subtracted: the hit entries before the state page are nulls.""",
+    source=f"{STKV} MambaManager.get_num_blocks_to_allocate (align branch, physical_block_cap)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_008 = rule(
+    "KV-MAMBA-008",
+    "A Mamba group's need is never negative",
+    """When a request's align-mode table is longer than the step needs (T shrank after
+    rejected drafts), the group needs 0 new blocks, not the negative difference: the summed
+    need must not count blocks another group will take as freed. vLLM 0.33.0 returns the
+    difference unfloored; allocate_slots then passes its capacity check with too few free
+    blocks and raises in get_new_blocks instead of returning None
+    (docs/findings/mamba-negative-need.md).""",
+    source=f"{STKV} MambaManager.get_num_blocks_to_allocate (num_new_blocks not floored when <= 0); "
+           f"{MGR} KVCacheManager.allocate_slots (capacity check)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_009 = rule(
+    "KV-MAMBA-009",
+    "A hit on a state page cached in the current step is deferred",
+    """If the last entry of a request's Mamba hit carries a key the group cached since the
+    last new_step_starts(), the allocation fails (the group's need is the pool size plus
+    one); new_step_starts() forgets those keys. A group caches a key this step when it caches
+    a page under it (KV-MAMBA-011).""",
+    source=f"{STKV} MambaManager.get_num_blocks_to_allocate (cached_blocks_this_step) / cache_blocks / "
+           f"new_step_starts; {MGR} KVCacheManager.new_step_starts; {SCHED} Scheduler.schedule",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_010 = rule(
+    "KV-MAMBA-010",
+    "States before the last processed token's page are freed, past the retired mark",
+    """Before an allocation with P processed tokens (P > 1), an align-mode group frees, in
+    one release, right to left, every non-null entry with index in [retired, min((P - 1) //
+    B, len(table))), replaces them by the null block and sets retired to that end (retired
+    starts at 0 and only moves when the range is not empty). Nulls inside the range do not
+    stop it. Then the entry that held the running state at the table's last growth is freed
+    too if it is not null and lies before cdiv(P, B) - 1.""",
+    source=f"{STKV} MambaManager._remove_blocks_in_range / remove_skipped_blocks (last_state_block_idx)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_011 = rule(
+    "KV-MAMBA-011",
+    "Non-null full pages are cached at their positions, a checkpoint at its own",
+    """After an allocation an align-mode group caches every non-null entry i among its
+    uncached full blocks (KV-HLC-005) under the key of the prefix (i + 1) * B, dropping any
+    key the page carried. Then a checkpoint reserved this step (KV-MAMBA-006), if its entry
+    is not null and not already keyed at its position p, is keyed at the prefix of p tokens
+    in place of every key it had.""",
+    source=f"{STKV} MambaManager.cache_blocks / _cache_partial_tail_block (checkpoint branch); "
+           "vllm/v1/core/block_pool.py cache_full_blocks (promotion) / cache_partial_block "
+           "(replace_existing_hashes)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_012 = rule(
+    "KV-MAMBA-012",
+    "An align-mode table is freed tail first, every null skipped",
+    """free hands an align-mode Mamba table to the pool reversed; the null entries, which
+    may sit anywhere in it, are skipped, so the pages are released last page first.""",
+    source=f"{STKV} MambaManager.pop_blocks_for_free / SingleTypeKVCacheManager.free; "
+           "vllm/v1/core/block_pool.py BlockPool.free_blocks (null blocks skipped)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_013 = rule(
+    "KV-MAMBA-013",
+    "An align-mode table ends with its running page and its speculative pages",
+    """Nulls may stand anywhere in an align-mode Mamba table, but between operations its
+    last min(len, 1 + s) entries are never null: the model runner reads the running state
+    and the speculative states from there.""",
+    source=f"{STKV} MambaManager.allocate_new_blocks (last_state_block_idx = len - 1 - s); "
+           "vllm/v1/attention/backends/utils.py mamba_get_block_table_tensor",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
+KV_MAMBA_014 = rule(
+    "KV-MAMBA-014",
+    "A step writes its state into the running page, a checkpoint into its page",
+    """A step without draft tokens that brings a request to T main tokens writes the state
+    after T tokens into table entry cdiv(T, B) - 1 and, with a checkpoint at p (KV-MAMBA-006),
+    the state after p tokens into entry cdiv(T, B) - 2; it writes no other state page of the
+    request.""",
+    source="vllm/v1/worker/mamba_utils.py preprocess_mamba (curr_state_idx); "
+           f"{STKV} MambaManager.allocate_new_blocks",
+    chapter=CHAPTER,
+    needs=("kv_data", "kv_cache_groups"),
+)
+KV_MAMBA_015 = rule(
+    "KV-MAMBA-015",
+    "A hit's state page holds the state after the hit's tokens",
+    """When a request adopts a Mamba hit of L tokens, its state page (the hit's last entry)
+    holds the state after exactly L tokens of the request's prompt, provided every step that
+    wrote states obeyed KV-MAMBA-016 and hits on pages cached in the current step were
+    deferred (KV-MAMBA-009).""",
+    source=f"{STKV} MambaManager.find_longest_cache_hit / cache_blocks; {SCHED} "
+           "Scheduler._mamba_block_aligned_split",
+    chapter=CHAPTER,
+    needs=("kv_data", "kv_cache_groups"),
+)
+KV_MAMBA_016 = rule(
+    "KV-MAMBA-016",
+    "In align mode the scheduler ends prefill chunks on block boundaries",
+    """With a Mamba group in align mode, a prefill chunk from S to E (E below the prefill end
+    max(prompt length, tokens - 1)) ends on a multiple of the Mamba block size, and a chunk
+    that starts inside a block does not run past the next block boundary. (vLLM also stops a
+    chunk at the prompt's last cacheable position when the backend cannot export it as a
+    checkpoint; that decides which states exist, not whether they are right.)""",
+    source=f"{SCHED} Scheduler._mamba_block_aligned_split",
+    chapter=CHAPTER,
+    spec_only="a rule for the scheduler that feeds the manager, not a behaviour of the manager: the "
+              "suites obey it when they generate align-mode chunks, and KV-MAMBA-015 depends on it; "
+              "checked by the spec tests",
+)
+KV_MAMBA_017 = rule(
+    "KV-MAMBA-017",
+    "A checkpoint past the request's committed tokens is not keyed",
+    """A step whose scheduled tokens include draft tokens can reserve a checkpoint
+    (KV-MAMBA-006 does not look at drafts) at a position past the request's hashed tokens,
+    where no key exists: the page is reserved and written, but not cached. vLLM 0.33.0
+    asserts in BlockPool.cache_partial_block instead, after the allocation has taken its
+    blocks (docs/findings/mamba-draft-checkpoint.md).""",
+    source=f"{STKV} MambaManager._cache_partial_tail_block (checkpoint branch); "
+           "vllm/v1/core/block_pool.py BlockPool._get_partial_block_hash (assertion)",
+    chapter=CHAPTER,
+    needs=("kv_cache_groups",),
+)
 
 
+# -- the hit (KV-MAMBA-001, KV-MAMBA-002) ------------------------------------------------------
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
 @icontract.require(lambda alignment: alignment > 0, enabled=ENABLED)
 @icontract.require(lambda max_length: max_length >= 0, enabled=ENABLED)
@@ -92,3 +399,343 @@ def hit_length(cached: tuple[bool, ...], max_length: int, block_size: int, align
         if cached[i] and ((i + 1) * block_size) % alignment == 0:
             return (i + 1) * block_size
     return 0
+
+
+# -- the table of a request (KV-MAMBA-004, KV-MAMBA-005) --------------------------------------
+@icontract.require(lambda num_tokens, block_size, num_speculative_blocks:
+                   num_tokens >= 0 and block_size > 0 and num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size, num_speculative_blocks:
+                  (result - num_speculative_blocks - 1) * block_size < num_tokens
+                  <= (result - num_speculative_blocks) * block_size or (num_tokens == 0 and
+                                                                         result == num_speculative_blocks),
+                  enabled=ENABLED)
+@defines(KV_MAMBA_004, KV_MAMBA_007)
+def num_required_entries(num_tokens: int, block_size: int, num_speculative_blocks: int) -> int:
+    """How many entries a table needs for ``num_tokens`` main tokens: up to the running page,
+    then the speculative pages."""
+    return cdiv(num_tokens, block_size) + num_speculative_blocks
+
+
+@icontract.require(lambda num_tokens, block_size: num_tokens > 0 and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size: result * block_size < num_tokens
+                  <= (result + 1) * block_size, enabled=ENABLED)
+@defines(KV_MAMBA_004, KV_MAMBA_014)
+def running_index(num_tokens: int, block_size: int) -> int:
+    """The table entry that holds the state after ``num_tokens`` main tokens."""
+    return cdiv(num_tokens, block_size) - 1
+
+
+def _layout_ok(result: tuple[int, ...], num_held: int, num_tokens: int, block_size: int,
+               num_speculative_blocks: int, checkpoint: bool, allocated: bool) -> bool:
+    """The layout's own promises, for its postcondition: old entries at most once, in
+    their old order among themselves only where nothing moved, and the tail shaped as
+    KV-MAMBA-004 says when the table grew."""
+    olds = [e for e in result if e >= 0]
+    if sorted(olds) != list(range(num_held)):
+        return False
+    required = num_required_entries(num_tokens, block_size, num_speculative_blocks)
+    if required <= num_held and not checkpoint:
+        return result == tuple(range(num_held))
+    if len(result) < required:
+        return False
+    running = running_index(num_tokens, block_size)
+    return all(e != NULL for e in result[len(result) - 1 - num_speculative_blocks:]) and len(result) - 1 \
+        - num_speculative_blocks >= running
+
+
+@icontract.require(lambda num_held, num_tokens, block_size, num_speculative_blocks:
+                   num_held >= 0 and num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0,
+                   enabled=ENABLED)
+@icontract.require(lambda num_held, num_speculative_blocks, allocated:
+                   not allocated or num_held > num_speculative_blocks,
+                   "a request that has allocated holds its running page and its speculative pages",
+                   enabled=ENABLED)
+@icontract.require(lambda num_tokens, block_size, checkpoint: not checkpoint or cdiv(num_tokens, block_size) >= 2,
+                   "a checkpoint's page lies before the running page (KV-MAMBA-006)", enabled=ENABLED)
+@icontract.ensure(lambda result, num_held: result[:num_held].count(NEW) == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_held, num_tokens, block_size, num_speculative_blocks, checkpoint, allocated:
+                  _layout_ok(result, num_held, num_tokens, block_size, num_speculative_blocks, checkpoint,
+                             allocated), enabled=ENABLED)
+@icontract.ensure(lambda result, num_speculative_blocks, checkpoint, allocated:
+                  result.count(NEW) <= 1 + int(checkpoint) + (0 if allocated else num_speculative_blocks),
+                  "KV-MAMBA-005: at most a running page and a checkpoint are new for a running request",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, allocated, num_held, num_speculative_blocks:
+                  allocated or result[:num_held] == tuple(range(num_held)),
+                  "a first allocation moves nothing", enabled=ENABLED)
+@defines(KV_MAMBA_004, KV_MAMBA_005)
+def align_layout(num_held: int, num_tokens: int, block_size: int, num_speculative_blocks: int,
+                 checkpoint: bool, allocated: bool) -> tuple[int, ...]:
+    """A table after an align-mode allocation to ``num_tokens`` main tokens, entry by entry.
+
+    ``num_held`` is the table's length before (adopted hit entries included); ``checkpoint``
+    whether a checkpoint is due (:func:`checkpoint_position`); ``allocated`` whether the
+    request has allocated in this group before. Each entry is the index of an old entry, or
+    :data:`NULL`, or :data:`NEW` (a block from the free queue). The allocation returns the
+    entries from ``num_held`` on.
+    """
+    required = num_required_entries(num_tokens, block_size, num_speculative_blocks)
+    layout = list(range(num_held))
+    if required <= num_held and not checkpoint:
+        return tuple(layout)
+    first_kept = required - num_speculative_blocks - 1 - int(checkpoint)
+    layout.extend([NULL] * max(0, first_kept - num_held))
+    if allocated:
+        for index in range(num_held - num_speculative_blocks, num_held):
+            if index >= first_kept:
+                break
+            layout.append(layout[index])
+            layout[index] = NULL
+    layout.extend([NEW] * max(0, required - len(layout)))
+    return tuple(layout)
+
+
+# -- prefill checkpoints (KV-MAMBA-006) --------------------------------------------------------
+@icontract.require(lambda num_tokens, alignment: num_tokens >= 0 and alignment > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, alignment: result >= 0 and result % alignment == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, drop_eagle: result <= max(0, num_tokens - 1)
+                  or (drop_eagle and result == 0), enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, alignment, drop_eagle:
+                  result == 0 or (num_tokens - (0 if drop_eagle else 1)) - result
+                  < alignment * (2 if drop_eagle else 1), "the last such multiple", enabled=ENABLED)
+@defines(KV_MAMBA_006)
+def checkpoint_position(num_tokens: int, alignment: int, drop_eagle: bool) -> int:
+    """The position a chunk ending at ``num_tokens`` checkpoints: the last multiple of the
+    alignment that leaves a token to recompute (with EAGLE: that a hit can drop back to)."""
+    limit = num_tokens if drop_eagle else num_tokens - 1
+    position = limit // alignment * alignment - (alignment if drop_eagle else 0)
+    return max(position, 0)
+
+
+@icontract.require(lambda query_start, query_end: 0 <= query_start <= query_end, enabled=ENABLED)
+@icontract.require(lambda hash_block_size, block_size, checkpoint_alignment:
+                   hash_block_size > 0 and block_size > 0 and checkpoint_alignment >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, query_start, query_end, position: not result or query_start < position < query_end,
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, checkpoint_alignment: not result or checkpoint_alignment > 0,
+                  "a backend without a checkpoint alignment exports nothing", enabled=ENABLED)
+@defines(KV_MAMBA_006)
+def checkpoint_exportable(query_start: int, query_end: int, position: int, hash_block_size: int,
+                          block_size: int, checkpoint_alignment: int) -> bool:
+    """Whether the backend can export the state at ``position`` inside the chunk
+    ``[query_start, query_end)`` (``checkpoint_alignment`` 0: the backend has none)."""
+    if checkpoint_alignment == 0:
+        return False
+    start_page = (query_start - 1) // block_size
+    checkpoint_page = cdiv(query_end, block_size) - 2
+    return (query_start % hash_block_size == 0 and checkpoint_page > start_page
+            and query_start + hash_block_size <= position and query_start < position < query_end
+            and (position - query_start) % checkpoint_alignment == 0)
+
+
+@icontract.require(lambda query_start, query_end: 0 <= query_start <= query_end, enabled=ENABLED)
+@icontract.require(lambda alignment, hash_block_size, block_size, checkpoint_alignment, num_speculative_blocks:
+                   alignment > 0 and hash_block_size > 0 and block_size > 0 and checkpoint_alignment >= 0
+                   and num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, has_checkpoint_blocks: result == 0 or has_checkpoint_blocks, enabled=ENABLED)
+@icontract.ensure(lambda result, query_start, query_end: result == 0 or query_start < result < query_end,
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, query_end, block_size, is_null, allocated, num_speculative_blocks:
+                  result == 0 or (cdiv(query_end, block_size) - 2 >= 0 and (
+                      cdiv(query_end, block_size) - 2 >= len(is_null) or is_null[cdiv(query_end, block_size) - 2]
+                      or (allocated and cdiv(query_end, block_size) - 2 >= len(is_null) - num_speculative_blocks))),
+                  "the checkpoint's entry is free to take", enabled=ENABLED)
+@defines(KV_MAMBA_006)
+def reserved_checkpoint(has_checkpoint_blocks: bool, checkpoint_alignment: int, query_start: int, query_end: int,
+                        alignment: int, hash_block_size: int, block_size: int, drop_eagle: bool,
+                        is_null: tuple[bool, ...], allocated: bool, num_speculative_blocks: int) -> int:
+    """The checkpoint position a step from ``query_start`` computed to ``query_end`` main
+    tokens reserves a page for, or 0 for none. Its entry is :func:`checkpoint_index`.
+
+    ``is_null`` describes the table as it is before the step adopts a hit.
+    """
+    if not has_checkpoint_blocks:
+        return 0
+    position = checkpoint_position(query_end, alignment, drop_eagle)
+    index = cdiv(query_end, block_size) - 2
+    if position <= 0 or index < 0:
+        return 0
+    if not checkpoint_exportable(query_start, query_end, position, hash_block_size, block_size,
+                                 checkpoint_alignment):
+        return 0
+    free_entry = index >= len(is_null) or is_null[index] or (
+        allocated and index >= len(is_null) - num_speculative_blocks)
+    return position if free_entry else 0
+
+
+@icontract.require(lambda query_end, block_size: query_end > 0 and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, query_end, block_size: result == running_index(query_end, block_size) - 1,
+                  enabled=ENABLED)
+@defines(KV_MAMBA_006, KV_MAMBA_014)
+def checkpoint_index(query_end: int, block_size: int) -> int:
+    """The table entry a checkpoint of a step ending at ``query_end`` is written to."""
+    return cdiv(query_end, block_size) - 2
+
+
+# -- what an allocation needs (KV-MAMBA-007, KV-MAMBA-008, KV-MAMBA-009) ----------------------
+@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held,
+                   num_evictable_hits, num_pool_blocks:
+                   num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0 and num_hit_blocks >= 0
+                   and num_held >= 0 and 0 <= num_evictable_hits <= min(num_hit_blocks, 1)
+                   and num_pool_blocks > 0, enabled=ENABLED)
+@icontract.require(lambda num_held, num_speculative_blocks, allocated:
+                   not allocated or num_held > num_speculative_blocks, enabled=ENABLED)
+@icontract.require(lambda num_tokens, block_size, checkpoint: not checkpoint or cdiv(num_tokens, block_size) >= 2,
+                   enabled=ENABLED)
+@icontract.require(lambda num_hit_blocks, num_held: num_hit_blocks == 0 or num_held == 0,
+                   "only a request without entries adopts a hit", enabled=ENABLED)
+@icontract.ensure(lambda result: result >= 0, "KV-MAMBA-008: never negative", enabled=ENABLED)
+@icontract.ensure(lambda result, deferred, num_hit_blocks, num_pool_blocks:
+                  not (deferred and num_hit_blocks > 0) or result > num_pool_blocks,
+                  "KV-MAMBA-009: a deferred hit cannot be admitted", enabled=ENABLED)
+@icontract.ensure(lambda result, deferred, num_hit_blocks, num_held, num_tokens, block_size,
+                  num_speculative_blocks, checkpoint, allocated, num_evictable_hits:
+                  (deferred and num_hit_blocks > 0) or result - num_evictable_hits == align_layout(
+                      num_held + num_hit_blocks, num_tokens, block_size, num_speculative_blocks, checkpoint,
+                      allocated).count(NEW),
+                  "the need is exactly the blocks the layout takes from the pool", enabled=ENABLED)
+@defines(KV_MAMBA_007, KV_MAMBA_008, KV_MAMBA_009)
+def align_need(num_tokens: int, block_size: int, num_speculative_blocks: int, num_hit_blocks: int,
+               num_held: int, allocated: bool, checkpoint: bool, num_evictable_hits: int, deferred: bool,
+               num_pool_blocks: int) -> int:
+    """The free blocks an align-mode group consumes in an allocation to ``num_tokens`` main
+    tokens.
+
+    ``num_evictable_hits`` is 1 when the hit's state page sits in the free queue;
+    ``deferred`` whether that page's key was cached in the current step (KV-MAMBA-009), which
+    makes the need exceed the pool of ``num_pool_blocks`` blocks.
+    """
+    if deferred and num_hit_blocks > 0:
+        return num_pool_blocks + 1
+    growth = num_required_entries(num_tokens, block_size, num_speculative_blocks) - num_hit_blocks - num_held
+    cap = 1 + int(checkpoint) + (0 if allocated else num_speculative_blocks)
+    return min(max(growth, 0), cap) + num_evictable_hits
+
+
+# -- freeing (KV-MAMBA-010, KV-MAMBA-012) ------------------------------------------------------
+@icontract.require(lambda num_retired, processed, block_size: num_retired >= 0 and processed >= 0 and block_size > 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, is_null: all(not is_null[i] for i in result), enabled=ENABLED)
+@icontract.ensure(lambda result: list(result) == sorted(set(result), reverse=True), "right to left, once each",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, num_retired, processed, block_size:
+                  all(num_retired <= i < max(processed - 1, 0) // block_size for i in result), enabled=ENABLED)
+@icontract.ensure(lambda result, is_null, num_retired, processed, block_size:
+                  len(result) == sum(1 for i in range(num_retired, min(max(processed - 1, 0) // block_size,
+                                                                       len(is_null))) if not is_null[i]),
+                  "every non-null entry in the range, nulls do not stop it", enabled=ENABLED)
+@defines(KV_MAMBA_010)
+def align_blocks_to_free(is_null: tuple[bool, ...], num_retired: int, processed: int, block_size: int
+                         ) -> tuple[int, ...]:
+    """Table entries an align-mode group frees before an allocation with ``processed``
+    processed tokens, in the order they are released (one release)."""
+    if processed - 1 <= 0:
+        return ()
+    last = min((processed - 1) // block_size, len(is_null))
+    return tuple(i for i in range(last - 1, num_retired - 1, -1) if not is_null[i])
+
+
+@icontract.require(lambda num_retired, processed, block_size, table_length:
+                   num_retired >= 0 and processed >= 0 and block_size > 0 and table_length >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_retired: result >= num_retired, "the mark only moves on", enabled=ENABLED)
+@icontract.ensure(lambda result, num_retired, table_length: result <= max(num_retired, table_length), enabled=ENABLED)
+@defines(KV_MAMBA_010)
+def retired_after(num_retired: int, processed: int, block_size: int, table_length: int) -> int:
+    """The retired mark after freeing at ``processed`` tokens: the end of the range freed, if
+    it was not empty."""
+    if processed - 1 <= 0:
+        return num_retired
+    last = min((processed - 1) // block_size, table_length)
+    return last if last > num_retired else num_retired
+
+
+@icontract.require(lambda last_state_index, processed, block_size: last_state_index >= -1 and processed >= 0
+                   and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, last_state_index, is_null: not result or (
+    0 <= last_state_index < len(is_null) and not is_null[last_state_index]), enabled=ENABLED)
+@defines(KV_MAMBA_010)
+def frees_last_state(last_state_index: int, processed: int, block_size: int, is_null: tuple[bool, ...]) -> bool:
+    """Whether the entry that held the running state at the table's last growth
+    (``last_state_index``, -1 for none) is freed now, after :func:`align_blocks_to_free`'s
+    release: when it is not null and lies before the page of the last processed token."""
+    return (0 <= last_state_index < cdiv(processed, block_size) - 1 and last_state_index < len(is_null)
+            and not is_null[last_state_index])
+
+
+@icontract.require(lambda null_id: null_id >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, table, null_id: sorted(result) == sorted(b for b in table if b != null_id),
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, table, null_id: list(result) == [b for b in reversed(table) if b != null_id],
+                  enabled=ENABLED)
+@defines(KV_MAMBA_012)
+def align_free_order(table: tuple[int, ...], null_id: int = 0) -> tuple[int, ...]:
+    """The order ``free`` releases an align-mode table's pages: last first, nulls skipped."""
+    return tuple(b for b in reversed(table) if b != null_id)
+
+
+@icontract.require(lambda num_speculative_blocks: num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, is_null: result or any(is_null), enabled=ENABLED)
+@defines(KV_MAMBA_013)
+def align_table_ok(is_null: tuple[bool, ...], num_speculative_blocks: int) -> bool:
+    """KV-MAMBA-013: the last ``1 + num_speculative_blocks`` entries are not null."""
+    return not any(is_null[max(0, len(is_null) - 1 - num_speculative_blocks):])
+
+
+# -- caching (KV-MAMBA-011) --------------------------------------------------------------------
+@icontract.require(lambda position, index, num_hashed_tokens: position >= 0 and index >= -1
+                   and num_hashed_tokens >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, position: result in (0, position), enabled=ENABLED)
+@icontract.ensure(lambda result, keyed_at_position: result == 0 or not keyed_at_position,
+                  "no key is cached twice", enabled=ENABLED)
+@icontract.ensure(lambda result, num_hashed_tokens: result <= num_hashed_tokens,
+                  "KV-MAMBA-017: only a hashed prefix is keyed", enabled=ENABLED)
+@icontract.ensure(lambda result, position, index, is_null, keyed_at_position, num_hashed_tokens:
+                  result == position or position == 0 or keyed_at_position or position > num_hashed_tokens
+                  or not 0 <= index < len(is_null) or is_null[index], "a due checkpoint's page is keyed",
+                  enabled=ENABLED)
+@defines(KV_MAMBA_011, KV_MAMBA_017)
+def checkpoint_key_tokens(position: int, index: int, is_null: tuple[bool, ...], keyed_at_position: bool,
+                          num_hashed_tokens: int) -> int:
+    """The prefix length the checkpoint page is (re)keyed at after caching, or 0 for none.
+
+    ``position`` is the checkpoint reserved this step (0 for none), ``index`` its entry,
+    ``keyed_at_position`` whether its page carries the key of that prefix already and
+    ``num_hashed_tokens`` how many of the request's tokens are hashed (its committed tokens
+    in whole hash blocks).
+    """
+    if position == 0 or position > num_hashed_tokens or not 0 <= index < len(is_null) or is_null[index]:
+        return 0
+    return 0 if keyed_at_position else position
+
+
+# -- the state pages (KV-MAMBA-014, KV-MAMBA-015, KV-MAMBA-016) --------------------------------
+@icontract.require(lambda num_tokens, block_size, checkpoint: num_tokens > 0 and block_size > 0
+                   and 0 <= checkpoint < num_tokens, enabled=ENABLED)
+@icontract.require(lambda num_tokens, block_size, checkpoint: checkpoint == 0 or cdiv(num_tokens, block_size) >= 2,
+                   "a checkpoint's page lies before the running page", enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens: result[0][1] == num_tokens, enabled=ENABLED)
+@icontract.ensure(lambda result: len({index for index, _ in result}) == len(result),
+                  "one state per page", enabled=ENABLED)
+@defines(KV_MAMBA_014)
+def states_written(num_tokens: int, block_size: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+    """``(table entry, state after that many tokens)`` a step without drafts writes: the
+    running page, then the checkpoint's page if one was reserved (``checkpoint`` > 0)."""
+    running = running_index(num_tokens, block_size)
+    if checkpoint == 0:
+        return ((running, num_tokens),)
+    return ((running, num_tokens), (running - 1, checkpoint))
+
+
+@icontract.require(lambda start, end, prefill_end, block_size: 0 <= start <= end and prefill_end >= 0
+                   and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, prefill_end: result or start < prefill_end, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, block_size: result or end > start, enabled=ENABLED)
+@defines(KV_MAMBA_015, KV_MAMBA_016)
+def chunk_keeps_states(start: int, end: int, prefill_end: int, block_size: int) -> bool:
+    """Whether a step from ``start`` to ``end`` computed tokens obeys KV-MAMBA-016 (decode
+    steps, from ``prefill_end`` on, always do)."""
+    if start >= prefill_end or end == start:
+        return True
+    ends_on_boundary = end >= prefill_end or end % block_size == 0
+    stays_in_block = start % block_size == 0 or end <= (start // block_size + 1) * block_size
+    return ends_on_boundary and stays_in_block
