@@ -257,6 +257,22 @@ class BlockPool:
         if not block.is_null and block.cache_key is None:
             block.partial_key = key
 
+    @icontract.require(lambda self, block: self.enable_caching and not block.is_null,
+                       "KV-POOL-002: the null block is never cached", enabled=ENABLED)
+    @icontract.snapshot(lambda self, block, key: (block.cache_key, tuple(self.cached.get(key, ()))),
+                        name="before", enabled=ENABLED)
+    @icontract.ensure(lambda self, block, key, OLD: block.cache_key == key and tuple(self.cached[key])
+                      == (*(b for b in OLD.before[1] if b != block.block_id), block.block_id)
+                      and (OLD.before[0] in (None, key) or block.block_id not in self.cached.get(OLD.before[0], {})),
+                      "KV-MAMBA-011: a re-keyed page loses its old key and is listed last under the new one",
+                      enabled=ENABLED)
+    def rekey(self, block: KVCacheBlock, key: CacheKey) -> None:
+        """Cache ``block`` under ``key`` in place of any key it carries (a Mamba state page
+        whose contents now stand for another prefix, KV-MAMBA-011)."""
+        if block.cache_key is not None:
+            self._evict(block)
+        self._cache(block, key)
+
     def _cache(self, block: KVCacheBlock, key: CacheKey) -> None:
         block.partial_key = None  # a partial entry is promoted to the whole block's key
         block.cache_key = key

@@ -277,6 +277,10 @@ class MambaSpec(KVCacheSpec):
     mamba_cache_mode: str = attrs.field(default="align", kw_only=True, validator=_mamba_cache_mode)
     num_speculative_blocks: int = attrs.field(default=0, kw_only=True, validator=_non_negative)
     num_prefill_checkpoint_blocks: int = attrs.field(default=0, kw_only=True, validator=_non_negative)
+    #: The granularity at which the backend can export a state inside a prefill chunk, or
+    #: None when it cannot: without it no checkpoint page is ever reserved (KV-MAMBA-006).
+    prefill_checkpoint_alignment: int | None = attrs.field(default=None, kw_only=True,
+                                                           validator=_optional_positive)
     kind: str = attrs.field(default="mamba", init=False)
 
     def real_page_size_bytes(self) -> int:
@@ -288,7 +292,9 @@ class MambaSpec(KVCacheSpec):
                                     self.num_prefill_checkpoint_blocks)
 
     def uniform_type_key(self) -> tuple[int, ...]:
-        return (self.num_speculative_blocks, self.num_prefill_checkpoint_blocks, self.page_size_bytes())
+        # vLLM's MambaSpec.is_uniform_with_collection compares the checkpoint alignment too (0: none).
+        return (self.num_speculative_blocks, self.num_prefill_checkpoint_blocks, self.prefill_checkpoint_alignment or 0,
+                self.page_size_bytes())
 
 
 @attrs.frozen

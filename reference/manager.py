@@ -10,9 +10,10 @@ groups with the hybrid fixed point. A model of one full-attention group -- the c
 hashed at its block size.
 
 The order of one allocation is KV-HLC-001's: drop skipped blocks in every group, check the
-summed need, adopt every group's hit, allocate group by group, cache. A Mamba group is
-supported only with prefix caching off, in vLLM's "none" mode (KV-HLC-008); its "align"
-allocation is not specified (KV-MAMBA-003).
+summed need, adopt every group's hit, allocate group by group, cache. A Mamba group runs in
+vLLM's "none" mode with prefix caching off (KV-HLC-008) and in its "align" mode with caching
+on (chapter 8, KV-MAMBA-004 to KV-MAMBA-017); a mode that contradicts the caching switch is
+rejected (KV-MAMBA-003).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec import lifecycle
+from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec.config import ConfigError, require_non_negative
 
 from .block import KVCacheBlock
@@ -67,6 +69,15 @@ def group_kinds(config: ManagerConfig | HybridConfig) -> tuple[str, ...]:
     return tuple(_kind(kv_spec) for kv_spec in groups_config(config).kv_cache_specs)
 
 
+def _mamba_settings(kv_spec: object) -> dict[str, object]:
+    """A Mamba group's cache mode and checkpoint settings (chapter 8), for its group's manager."""
+    if not isinstance(kv_spec, MambaSpec):
+        return {}
+    return {"mamba_cache_mode": kv_spec.mamba_cache_mode,
+            "num_prefill_checkpoint_blocks": kv_spec.num_prefill_checkpoint_blocks,
+            "prefill_checkpoint_alignment": kv_spec.prefill_checkpoint_alignment or 0}
+
+
 # -- contracts -------------------------------------------------------------------------------
 def _refcounts_balanced(manager: KVCacheManager) -> bool:
     occurrences = Counter(b.block_id for group in manager.groups for table in group.req_to_blocks.values()
@@ -78,7 +89,9 @@ def _refcounts_balanced(manager: KVCacheManager) -> bool:
 
 
 def _nulls_placed(manager: KVCacheManager) -> bool:
-    return all(spec.table_nulls_ok(group.kind, tuple(b.is_null for b in table))
+    """KV-HYB-013, and KV-MAMBA-013 for an align-mode Mamba table (nulls anywhere, but not at its end)."""
+    return all(mamba_spec.align_table_ok(tuple(b.is_null for b in table), group.num_speculative_blocks)
+               if group.align else spec.table_nulls_ok(group.kind, tuple(b.is_null for b in table))
                for group in manager.groups for table in group.req_to_blocks.values())
 
 
@@ -120,12 +133,22 @@ def _within_model_length(manager: KVCacheManager, request_id: str) -> bool:
 
 
 def _cached_as_specified(manager: KVCacheManager, request: Request, OLD: object) -> bool:
-    """KV-LIFE-007 / KV-HLC-005: each group's newly committed blocks carry their keys."""
+    """KV-LIFE-007 / KV-HLC-005: each group's newly committed blocks carry their keys
+    (KV-MAMBA-011: an align-mode checkpoint page the key of its checkpoint)."""
     for group, before in zip(manager.groups, OLD.num_cached):  # type: ignore[attr-defined]
         after = group.num_cached_block.get(request.request_id, 0)
         table = group.req_to_blocks.get(request.request_id, [])
+        position, checkpoint = group.checkpoints.get(request.request_id, (0, -1))
+        if position > len(request.block_hashes) * request.hash_block_size:
+            position = 0  # KV-MAMBA-017: past the committed tokens, not keyed
+        if position and 0 <= checkpoint < len(table) and not table[checkpoint].is_null and table[checkpoint].cache_key \
+                != (manager.coordinator.view_hash(request.block_hashes, group.block_size,
+                                                  position // group.block_size - 1), group.group_id):
+            return False
         for i in spec.blocks_to_cache(group.kind, group.param, before, after, group.block_size, group.alignment,
                                       group.eagle, tuple(b.is_null for b in table)):
+            if position and i == checkpoint:
+                continue
             key = (manager.coordinator.view_hash(request.block_hashes, group.block_size, i), group.group_id)
             if table[i].cache_key != key:
                 return False
@@ -151,10 +174,12 @@ class KVCacheManager:
     def __init__(self, config: ManagerConfig | HybridConfig) -> None:
         config = groups_config(config)
         for index, kv_spec in enumerate(config.kv_cache_specs):
-            if isinstance(kv_spec, MambaSpec) and (config.enable_caching or kv_spec.mamba_cache_mode != "none"):
-                raise ConfigError("KV-MAMBA-003", f"kv_cache_specs[{index}]",
-                                  "Mamba allocation is specified only with prefix caching off and "
-                                  "mamba_cache_mode='none' (KV-HLC-008); 'align' mode is not")
+            mode = "align" if config.enable_caching else "none"
+            if isinstance(kv_spec, MambaSpec) and kv_spec.mamba_cache_mode != mode:
+                raise ConfigError(mamba_spec.KV_MAMBA_003, f"kv_cache_specs[{index}].mamba_cache_mode",
+                                  f"with prefix caching {'on' if config.enable_caching else 'off'} a Mamba group "
+                                  f"runs in {mode!r} mode (vLLM derives it from enable_prefix_caching), "
+                                  f"not {kv_spec.mamba_cache_mode!r}")
         if len(config.kv_cache_specs) == 1 and config.enable_caching and \
                 config.kv_cache_specs[0].block_size != config.hash_block_size:
             raise ConfigError("KV-HYB-001", "hash_block_size",
@@ -167,7 +192,8 @@ class KVCacheManager:
             self.group_class(group_id, _kind(kv_spec), kv_spec.block_size, _window_or_chunk(kv_spec),
                              self.pool, self.coordinator,
                              eagle=config.use_eagle and kv_spec.kind != hybrid_spec.CHUNKED_LOCAL,
-                             num_speculative_blocks=getattr(kv_spec, "num_speculative_blocks", 0))
+                             num_speculative_blocks=getattr(kv_spec, "num_speculative_blocks", 0),
+                             **_mamba_settings(kv_spec))
             for group_id, kv_spec in enumerate(config.kv_cache_specs))
 
     @property
@@ -228,30 +254,36 @@ class KVCacheManager:
         computed = min(request.num_computed_tokens + num_new_computed_tokens, self.config.max_model_len)
         slots = lifecycle.num_slots(request.num_computed_tokens, num_new_computed_tokens, num_new_tokens,
                                     num_lookahead_tokens, self.config.max_model_len)
+        # Main tokens (no look-ahead): what an align-mode Mamba group allocates for (KV-MAMBA-004).
+        main_tokens = computed + num_new_tokens
         for group in self.groups:  # KV-SWA-008: before the capacity check
             group.remove_skipped_blocks(request.request_id, computed)
-        result = self._allocate(request, slots, computed, hits, num_encoder_tokens)
+        result = self._allocate(request, slots, computed, hits, num_encoder_tokens, main_tokens)
         if result is not None and not delay_cache_blocks and self.config.enable_caching:  # KV-LIFE-008
             self._cache(request, lifecycle.num_tokens_to_cache(
                 request.num_computed_tokens, num_new_computed_tokens, num_new_tokens, request.num_tokens))
         return result
 
     def num_blocks_to_allocate(self, request_id: str, slots: int, computed: int,
-                               hits: tuple[Sequence[KVCacheBlock], ...] | None, num_encoder_tokens: int = 0
-                               ) -> int:
+                               hits: tuple[Sequence[KVCacheBlock], ...] | None, num_encoder_tokens: int = 0,
+                               main_tokens: int | None = None) -> int:
         """KV-LIFE-003 / KV-HYB-012: the free blocks an allocation consumes, the groups' needs
-        summed (a cross-attention group sized by the encoder)."""
+        summed (a cross-attention group sized by the encoder, an align-mode Mamba group by the
+        ``main_tokens``, slots without look-ahead)."""
         total = 0
         for index, group in enumerate(self.groups):
             if group.kind == spec.CROSS_ATTENTION:
                 total += group.blocks_to_allocate(request_id, num_encoder_tokens, (), 0)
+            elif group.align:
+                total += group.blocks_to_allocate(request_id, slots, hits[index] if hits else (), computed,
+                                                  main_tokens=main_tokens)
             else:
                 total += group.blocks_to_allocate(request_id, slots, hits[index] if hits else (), computed)
         return total
 
     @icontract.snapshot(lambda self: _state(self), name="state", enabled=ENABLED)
-    @icontract.snapshot(lambda self, request, slots, computed, hits, num_encoder_tokens: (
-        self.num_blocks_to_allocate(request.request_id, slots, computed, hits, num_encoder_tokens),
+    @icontract.snapshot(lambda self, request, slots, computed, hits, num_encoder_tokens, main_tokens: (
+        self.num_blocks_to_allocate(request.request_id, slots, computed, hits, num_encoder_tokens, main_tokens),
         self.pool.num_free_blocks()), name="need", enabled=ENABLED)
     @icontract.ensure(lambda result, OLD: (result is None) == (OLD.need[0] > OLD.need[1]),
                       "KV-HYB-012: the allocation fails iff the summed need exceeds the free blocks",
@@ -263,17 +295,21 @@ class KVCacheManager:
                       or self.pool.num_free_blocks() == OLD.need[1] - OLD.need[0],
                       "KV-HLC-002: the allocation consumes exactly the summed need", enabled=ENABLED)
     def _allocate(self, request: Request, slots: int, computed: int,
-                  hits: tuple[Sequence[KVCacheBlock], ...] | None, num_encoder_tokens: int
+                  hits: tuple[Sequence[KVCacheBlock], ...] | None, num_encoder_tokens: int, main_tokens: int
                   ) -> KVCacheBlocks | None:
-        if self.num_blocks_to_allocate(request.request_id, slots, computed, hits, num_encoder_tokens) > \
-                self.pool.num_free_blocks():
+        if self.num_blocks_to_allocate(request.request_id, slots, computed, hits, num_encoder_tokens,
+                                       main_tokens) > self.pool.num_free_blocks():
             return None  # KV-LIFE-003 / KV-LIFE-004
+        for group in self.groups:  # KV-MAMBA-006: decided on the table the need saw, before any hit
+            if group.align:
+                group.plan_checkpoint(request.request_id, computed, main_tokens)
         if hits is not None:
             for group, group_hits in zip(self.groups, hits):  # every group before any allocates
                 group.adopt_hit(request.request_id, group_hits, computed)
         return KVCacheBlocks(tuple(
-            tuple(group.allocate_new_blocks(
-                request.request_id, num_encoder_tokens if group.kind == spec.CROSS_ATTENTION else slots))
+            tuple(group.allocate_new_blocks(request.request_id, slots, main_tokens=main_tokens) if group.align
+                  else group.allocate_new_blocks(
+                      request.request_id, num_encoder_tokens if group.kind == spec.CROSS_ATTENTION else slots))
             for group in self.groups))
 
     @icontract.snapshot(lambda self, request: tuple(
@@ -292,6 +328,11 @@ class KVCacheManager:
     def free(self, request: Request) -> None:
         for group in self.groups:  # KV-HLC-004: group by group
             group.free(request.request_id)
+
+    def new_step_starts(self) -> None:
+        """The scheduler begins a step (KV-MAMBA-009): states cached in earlier steps are hits now."""
+        for group in self.groups:
+            group.new_step_starts()
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         block_ids = list(block_ids)

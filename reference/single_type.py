@@ -1,4 +1,5 @@
-"""One KV-cache group's block tables: the single-type manager (spec chapter ``hybrid_lifecycle``).
+"""One KV-cache group's block tables: the single-type manager (spec chapters ``hybrid_lifecycle``
+and ``mamba``).
 
 A :class:`SingleTypeManager` holds, for one KV-cache group, every request's block table and
 how many of its leading blocks are cached. The manager (:mod:`.manager`) runs each step of an
@@ -7,21 +8,51 @@ step: skipped blocks dropped (KV-SWA-007), the free blocks the group consumes co
 (KV-HLC-002), a hit adopted (KV-HLC-003), new blocks taken, reachable blocks cached
 (KV-HLC-005) and the table freed tail first (KV-HLC-004). A model with one full-attention
 group is the unitary case of the same code.
+
+A Mamba group with prefix caching (vLLM's "align" mode, chapter 8) keeps a few state pages
+at positions of a mostly null table; its steps are the chapter's: states retired
+(KV-MAMBA-010), the need (KV-MAMBA-007 to KV-MAMBA-009), a checkpoint reserved
+(KV-MAMBA-006), the table grown with its speculative pages moved (KV-MAMBA-004,
+KV-MAMBA-005), pages cached (KV-MAMBA-011) and freed (KV-MAMBA-012).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
+import icontract
+
 from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec import lifecycle
+from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec import sliding_window as swa_spec
 
-from .block import KVCacheBlock
+from .block import CacheKey, KVCacheBlock
 from .block_pool import BlockPool
+from .contracts import ENABLED
 from .hybrid import HybridCoordinator
 from .request import Request
+
+
+def _align_layout_taken(group: SingleTypeManager, request_id: str, old: tuple[int, ...], main_tokens: int,
+                        checkpoint: bool, allocated: bool, result: list[KVCacheBlock]) -> bool:
+    """KV-MAMBA-004/KV-MAMBA-005: the table is the spec's layout of the old one, and the
+    allocation returns its new tail."""
+    table = group.req_to_blocks.get(request_id, [])
+    layout = mamba_spec.align_layout(len(old), main_tokens, group.block_size, group.num_speculative_blocks,
+                                     checkpoint, allocated)
+    if len(layout) != len(table):
+        return False
+    for entry, block in zip(layout, table):
+        if entry == mamba_spec.NULL and not block.is_null:
+            return False
+        if entry >= 0 and block.block_id != old[entry]:
+            return False
+        if entry == mamba_spec.NEW and (block.is_null or block.block_id in old):
+            return False
+    grew = len(layout) > len(old) or checkpoint
+    return [b.block_id for b in result] == ([b.block_id for b in table[len(old):]] if grew else [])
 
 
 class SingleTypeManager:
@@ -37,7 +68,9 @@ class SingleTypeManager:
     """
 
     def __init__(self, group_id: int, kind: str, block_size: int, param: int, pool: BlockPool,
-                 coordinator: HybridCoordinator, eagle: bool, num_speculative_blocks: int = 0) -> None:
+                 coordinator: HybridCoordinator, eagle: bool, num_speculative_blocks: int = 0, *,
+                 mamba_cache_mode: str = "none", num_prefill_checkpoint_blocks: int = 0,
+                 prefill_checkpoint_alignment: int = 0) -> None:
         self.group_id = group_id
         self.kind = kind
         self.block_size = block_size
@@ -56,6 +89,22 @@ class SingleTypeManager:
         self.alignment = coordinator.config.scheduler_block_size if self.several_groups else block_size
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
+        #: A Mamba group with prefix caching: vLLM's "align" mode (chapter 8).
+        self.align = kind == hybrid_spec.MAMBA and mamba_cache_mode == "align"
+        #: Whether a prefill chunk may reserve a checkpoint page, and at which granularity the
+        #: backend exports one (0: none) (KV-MAMBA-006).
+        self.has_checkpoint_blocks = self.align and num_prefill_checkpoint_blocks > 0
+        self.prefill_checkpoint_alignment = prefill_checkpoint_alignment
+        #: Align-mode bookkeeping per request: whether it has allocated in this group
+        #: (KV-MAMBA-005), the entry of its running state at the table's last growth and how
+        #: far its states are retired (KV-MAMBA-010), the checkpoint of its current step
+        #: (position, entry; KV-MAMBA-006).
+        self.allocated: set[str] = set()
+        self.last_state_index: dict[str, int] = {}
+        self.num_retired: dict[str, int] = {}
+        self.checkpoints: dict[str, tuple[int, int]] = {}
+        #: Keys this group cached since the scheduler's last new step (KV-MAMBA-009).
+        self.cached_this_step: set[CacheKey] = set()
 
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         return spec.skipped_tokens(self.kind, self.param, num_computed_tokens)
@@ -69,6 +118,9 @@ class SingleTypeManager:
     # -- the steps of one allocation (KV-HLC-001) --------------------------------------
     def remove_skipped_blocks(self, request_id: str, num_computed_tokens: int) -> None:
         """KV-SWA-007: free the skipped blocks right to left, up to the first null."""
+        if self.align:
+            self._retire_states(request_id, num_computed_tokens)
+            return
         if self.kind == hybrid_spec.MAMBA and self.mamba_free_lag:
             num_computed_tokens = spec.lagging_mamba_tokens(num_computed_tokens, self.num_speculative_blocks)
         skipped = self.skipped_tokens(num_computed_tokens)
@@ -85,8 +137,11 @@ class SingleTypeManager:
             self.pool.free_blocks(freed)
 
     def blocks_to_allocate(self, request_id: str, num_tokens: int, hits: Sequence[KVCacheBlock],
-                           num_computed_tokens: int) -> int:
-        """KV-HLC-002."""
+                           num_computed_tokens: int, main_tokens: int | None = None) -> int:
+        """KV-HLC-002 (KV-MAMBA-007 in align mode, for ``main_tokens`` main tokens)."""
+        if self.align:
+            return self._align_need(request_id, hits, num_computed_tokens,
+                                    num_tokens if main_tokens is None else main_tokens)
         tracked = request_id in self.num_cached_block
         evictable = () if tracked else tuple(b.ref_cnt == 0 and not b.is_null for b in hits)
         return spec.group_blocks_to_allocate(
@@ -105,7 +160,10 @@ class SingleTypeManager:
         table.extend([self.pool.null_block] * skipped_blocks + kept)
         self.num_cached_block[request_id] = len(table)
 
-    def allocate_new_blocks(self, request_id: str, num_tokens: int) -> list[KVCacheBlock]:
+    def allocate_new_blocks(self, request_id: str, num_tokens: int, main_tokens: int | None = None
+                            ) -> list[KVCacheBlock]:
+        if self.align:
+            return self._align_allocate(request_id, num_tokens if main_tokens is None else main_tokens)
         table = self.req_to_blocks.setdefault(request_id, [])
         num_new = lifecycle.cdiv(self.slots(num_tokens), self.block_size) - len(table)
         if num_new <= 0:
@@ -118,6 +176,9 @@ class SingleTypeManager:
         """KV-HLC-005: cache the reachable non-null full blocks up to the cacheable tokens."""
         if self.several_groups:  # KV-HYB-010
             num_tokens = hybrid_spec.num_cacheable_tokens(num_tokens, self.alignment, self.eagle, self.block_size)
+        if self.align:
+            self._align_cache(request, num_tokens)
+            return
         self._cache_full_blocks(request, num_tokens)
         if self.kind == hybrid_spec.FULL and self.block_size != request.hash_block_size:
             self._register_partial_tail(request, num_tokens)
@@ -143,16 +204,133 @@ class SingleTypeManager:
                                        self.alignment, self.eagle, tuple(b.is_null for b in table))
         pairs = [(table[i], (self.coordinator.view_hash(request.block_hashes, self.block_size, i),
                              self.group_id)) for i in indices]
+        if self.align:  # KV-MAMBA-011: a checkpoint page keyed earlier is keyed at its position now
+            for block, key in pairs:
+                if block.cache_key is not None:
+                    self.pool.rekey(block, key)
+            pairs = [(block, key) for block, key in pairs if block.cache_key != key]
         if pairs:
             self.pool.cache_blocks(pairs)
         self.num_cached_block[request.request_id] = num_full
 
     def free(self, request_id: str) -> None:
-        """KV-HLC-004: this group's table, tail first, without its leading nulls."""
+        """KV-HLC-004: this group's table, tail first, without its leading nulls (KV-MAMBA-012:
+        an align-mode table without any of its nulls)."""
         table = self.req_to_blocks.pop(request_id, [])
         self.num_cached_block.pop(request_id, None)
-        order = spec.free_order((tuple(b.block_id for b in table),))
+        ids = tuple(b.block_id for b in table)
+        if self.align:
+            for bookkeeping in (self.last_state_index, self.num_retired, self.checkpoints):
+                bookkeeping.pop(request_id, None)
+            self.allocated.discard(request_id)
+            order = mamba_spec.align_free_order(ids)
+        else:
+            order = spec.free_order((ids,))
         self.pool.free_blocks([self.pool.blocks[block_id] for block_id in order])
+
+    def new_step_starts(self) -> None:
+        """KV-MAMBA-009: a new scheduler step; pages cached before it may be hits now."""
+        self.cached_this_step.clear()
+
+    # -- Mamba with prefix caching ("align" mode, chapter 8) ---------------------------
+    def _retire_states(self, request_id: str, processed: int) -> None:
+        """KV-MAMBA-010: free the states before the last processed token's page."""
+        table = self.req_to_blocks.get(request_id)
+        if table is None:
+            return
+        retired = self.num_retired.get(request_id, 0)
+        indices = mamba_spec.align_blocks_to_free(tuple(b.is_null for b in table), retired, processed,
+                                                  self.block_size)
+        freed = [table[i] for i in indices]
+        for i in indices:
+            table[i] = self.pool.null_block
+        if freed:
+            self.pool.free_blocks(freed)
+        self.num_retired[request_id] = mamba_spec.retired_after(retired, processed, self.block_size, len(table))
+        last = self.last_state_index.get(request_id, -1)
+        if mamba_spec.frees_last_state(last, processed, self.block_size, tuple(b.is_null for b in table)):
+            self.pool.free_blocks([table[last]])
+            table[last] = self.pool.null_block
+
+    def checkpoint_of(self, request_id: str, num_computed_tokens: int, main_tokens: int) -> int:
+        """KV-MAMBA-006: the checkpoint position this step reserves a page for, or 0."""
+        table = self.req_to_blocks.get(request_id, [])
+        return mamba_spec.reserved_checkpoint(
+            self.has_checkpoint_blocks, self.prefill_checkpoint_alignment, num_computed_tokens, main_tokens,
+            self.alignment, self.coordinator.config.hash_block_size, self.block_size,
+            self.coordinator.config.use_eagle, tuple(b.is_null for b in table), request_id in self.allocated,
+            self.num_speculative_blocks)
+
+    def plan_checkpoint(self, request_id: str, num_computed_tokens: int, main_tokens: int) -> None:
+        """Record the step's checkpoint (before the step adopts a hit, as the need saw it)."""
+        position = self.checkpoint_of(request_id, num_computed_tokens, main_tokens)
+        if position:
+            self.checkpoints[request_id] = (position, mamba_spec.checkpoint_index(main_tokens, self.block_size))
+        else:
+            self.checkpoints.pop(request_id, None)
+
+    def _align_need(self, request_id: str, hits: Sequence[KVCacheBlock], num_computed_tokens: int,
+                    main_tokens: int) -> int:
+        """KV-MAMBA-007/KV-MAMBA-008/KV-MAMBA-009: the blocks this group takes from the pool."""
+        table = self.req_to_blocks.get(request_id, [])
+        deferred = bool(hits) and hits[-1].cache_key is not None and hits[-1].cache_key in self.cached_this_step
+        evictable = sum(b.ref_cnt == 0 and not b.is_null for b in hits)
+        checkpoint = self.checkpoint_of(request_id, num_computed_tokens, main_tokens) > 0
+        return mamba_spec.align_need(main_tokens, self.block_size, self.num_speculative_blocks, len(hits),
+                                     len(table), request_id in self.allocated, checkpoint, evictable, deferred,
+                                     self.pool.num_blocks)
+
+    @icontract.snapshot(lambda self, request_id: tuple(b.block_id for b in self.req_to_blocks.get(request_id, ())),
+                        name="table", enabled=ENABLED)
+    @icontract.snapshot(lambda self, request_id: (request_id in self.checkpoints, request_id in self.allocated),
+                        name="flags", enabled=ENABLED)
+    @icontract.ensure(lambda self, request_id, main_tokens, result, OLD: _align_layout_taken(
+        self, request_id, OLD.table, main_tokens, OLD.flags[0], OLD.flags[1], result),
+        "KV-MAMBA-004/KV-MAMBA-005: the table grows to the running and speculative pages, moving them",
+        enabled=ENABLED)
+    @icontract.ensure(lambda self, request_id: mamba_spec.align_table_ok(
+        tuple(b.is_null for b in self.req_to_blocks[request_id]), self.num_speculative_blocks),
+        "KV-MAMBA-013: the running and speculative pages end the table", enabled=ENABLED)
+    def _align_allocate(self, request_id: str, main_tokens: int) -> list[KVCacheBlock]:
+        """KV-MAMBA-004/KV-MAMBA-005: grow the table to ``main_tokens`` main tokens."""
+        table = self.req_to_blocks.setdefault(request_id, [])
+        checkpoint = request_id in self.checkpoints
+        allocated = request_id in self.allocated
+        self.allocated.add(request_id)
+        old = list(table)
+        layout = mamba_spec.align_layout(len(old), main_tokens, self.block_size, self.num_speculative_blocks,
+                                         checkpoint, allocated)
+        if len(layout) == len(old) and not checkpoint:
+            return []  # long enough already
+        if allocated:
+            self.last_state_index[request_id] = len(old) - 1 - self.num_speculative_blocks
+        elif old:
+            self.last_state_index[request_id] = len(old) - 1  # the adopted hit's state page
+        new = iter(self.pool.get_new_blocks(layout.count(mamba_spec.NEW)))
+        table[:] = [old[entry] if entry >= 0 else self.pool.null_block if entry == mamba_spec.NULL else next(new)
+                    for entry in layout]
+        return table[len(old):]
+
+    def _align_cache(self, request: Request, num_tokens: int) -> None:
+        """KV-MAMBA-011: full pages at their positions, then the step's checkpoint at its own;
+        the keys cached are remembered for the step (KV-MAMBA-009)."""
+        request_id = request.request_id
+        before = self.num_cached_block.get(request_id, 0)
+        self._cache_full_blocks(request, num_tokens)
+        table = self.req_to_blocks.get(request_id, [])
+        position, index = self.checkpoints.get(request_id, (0, -1))
+        if position and position <= len(request.block_hashes) * request.hash_block_size:  # else KV-MAMBA-017
+            key = (self.coordinator.view_hash(request.block_hashes, self.block_size, position // self.block_size - 1),
+                   self.group_id)
+            keyed = 0 <= index < len(table) and table[index].cache_key == key
+            hashed = len(request.block_hashes) * request.hash_block_size
+            if mamba_spec.checkpoint_key_tokens(position, index, tuple(b.is_null for b in table), keyed, hashed):
+                self.pool.rekey(table[index], key)
+                self.cached_this_step.add(key)
+        after = self.num_cached_block.get(request_id, 0)
+        for block in table[before:after]:
+            if not block.is_null and block.cache_key is not None:
+                self.cached_this_step.add(block.cache_key)
 
     # -- cascade attention -------------------------------------------------------------
     def num_common_prefix_blocks(self, request_id: str) -> int:
