@@ -102,7 +102,7 @@ test-vllm: $(STAMP)
 	$(VENV_VLLM)/bin/python -m pip install --quiet $$(grep -E '^(pytest|hypothesis|attrs|icontract)==' requirements-dev.txt)
 	$(VENV_VLLM)/bin/pytest tests/test_vllm_adapter.py tests/test_expectations.py tests/test_bench_vllm.py tests/test_mutants_vllm.py \
 		tests/test_hybrid_vllm.py tests/test_hybrid_lifecycle_vllm.py tests/test_external_store_vllm.py \
-		tests/test_findings_vllm.py
+		tests/test_findings_vllm.py tests/test_mamba_align_spec.py
 	$(VENV_VLLM)/bin/kvoracle check --engine vllm --suite manager --max-examples 400 \
 		--json build/kvoracle-vllm-report.json
 	$(VENV_VLLM)/bin/kvoracle check --suite hybrid --engine vllm --max-examples 200 \
