@@ -24,6 +24,8 @@ EXIT_STATUS = {
     "partial-hit-inside-a-block": 1,  # KV-EXT-010, vLLM #50359
     "one-spec-group-without-look-ahead": 1,  # KV-EXT-013
     "window-one-loads-unchecked-block": 1,  # KV-EXT-014
+    "mamba-negative-need": 1,  # KV-MAMBA-008
+    "mamba-draft-checkpoint": 1,  # KV-MAMBA-017
 }
 SLUGS = sorted(EXIT_STATUS)
 

@@ -128,8 +128,10 @@ def test_unitary_eagle_has_no_margin() -> None:
 
 # -- reference -----------------------------------------------------------------------------
 def test_reference_rejects_what_it_does_not_specify() -> None:
-    with pytest.raises(ConfigError, match="KV-MAMBA-003"):
-        KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))
+    # Align mode (caching on) is specified (chapter 8); its sub-block hits are not.
+    KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))
+    with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # a Mamba block of two hash blocks
+        KVCacheManager(HybridConfig((FullAttentionSpec(4), MambaSpec(4)), 20, 64, 2))
     with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # "none" mode needs caching off
         KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none")), 20, 64, 2))
     with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # caching off, but "align" mode
