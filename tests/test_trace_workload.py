@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -29,7 +30,7 @@ def test_conversations_keep_the_traces_shape() -> None:
     several = [c for c in conversations if len(c) > 1]
     assert 0 < len(several) < len(conversations) / 2
     for conversation in several:
-        for (earlier, _), (later, _) in zip(conversation, conversation[1:]):
+        for (earlier, _), (later, _) in itertools.pairwise(conversation):
             assert later[1] == earlier[1] or earlier[1] in later, (earlier, later)
 
 
