@@ -13,7 +13,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -278,9 +280,6 @@ def _report(args: argparse.Namespace, result) -> int:
 
 def _fuzz(args: argparse.Namespace) -> int:
     """``kvoracle fuzz``: HypoFuzz over the suites' machines until interrupted or ``--duration``."""
-    import os
-    import subprocess
-
     from .fuzz import TARGETS_MODULE, fuzz_machines, read_stats
     from .harness.database import DatabaseError, open_database, shown
     from .harness.engines import EngineLoadError
@@ -322,23 +321,15 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"kvoracle {__version__}: fuzzing engine {args.engine!r} ({', '.join(suites)}) in "
               f"{args.processes} process(es) with HypoFuzz; failures go to {shown(database)}", flush=True)
         started = time.monotonic()
-        process = subprocess.Popen(command, cwd=work, env=env, start_new_session=True)
-        interrupted = stopped = False
-        try:
-            process.wait(timeout=args.duration)
-        except subprocess.TimeoutExpired:
-            stopped = True
-        except KeyboardInterrupt:
-            interrupted = True
-        if process.poll() is None:  # HypoFuzz stops its workers on SIGINT (a shrink in flight is lost)
-            process.send_signal(signal.SIGINT)
-            try:
-                process.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait()
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(process.pid, signal.SIGKILL)  # any worker left behind
+
+        def every_suite_failed() -> bool:
+            return all(any(True for _ in open_database(database).fetch(examples_key(machine)))
+                       for machine in machines.values())
+
+        run = run_hypofuzz(command, cwd=work, env=env,
+                           deadline=None if args.duration is None else started + args.duration,
+                           finished=every_suite_failed, say=lambda line: print(line, flush=True))
+        stopped, interrupted, returncode = run
         elapsed = time.monotonic() - started
         counts = read_stats(stats)
     examples = sum(c["examples"] for c in counts)
@@ -356,10 +347,52 @@ def _fuzz(args: argparse.Namespace) -> int:
         print(f"judge them: kvoracle check --engine {args.engine} --database {shown(database)}")
     if interrupted:
         return EXIT_INTERRUPTED
-    if not stopped and process.returncode != 0:
-        print(f"error: HypoFuzz ended by itself with status {process.returncode}", file=sys.stderr)
+    if not stopped and returncode != 0:
+        print(f"error: HypoFuzz ended by itself with status {returncode}", file=sys.stderr)
         return EXIT_USAGE
     return EXIT_OK
+
+
+#: A HypoFuzz run that ends by itself sooner than this is not started again (it would spin).
+HYPOFUZZ_MIN_RUN_S = 30.0
+
+
+def run_hypofuzz(command: list[str], *, cwd: str, env: dict[str, str], deadline: float | None,
+                 finished: Callable[[], bool], say: Callable[[str], None],
+                 min_run_s: float = HYPOFUZZ_MIN_RUN_S) -> tuple[bool, bool, int]:
+    """Run HypoFuzz's command until ``deadline`` (``time.monotonic()``; None: until Ctrl-C):
+    ``(stopped at the deadline, interrupted, the last exit status)``.
+
+    HypoFuzz's hub ends a run with status 0 when, at its check a minute in, no worker has
+    reported a first batch of 100 examples -- which a slow engine, or a busy machine, does
+    not reach -- and says it "found a failing input for every test". When it ends that way
+    while some suite has no stored failure (``finished()`` is false), it is started again: the
+    example database keeps what it found."""
+    while True:
+        began = time.monotonic()
+        process = subprocess.Popen(command, cwd=cwd, env=env, start_new_session=True)
+        stopped = interrupted = False
+        try:
+            process.wait(timeout=None if deadline is None else max(deadline - began, 0.0))
+        except subprocess.TimeoutExpired:
+            stopped = True
+        except KeyboardInterrupt:
+            interrupted = True
+        if process.poll() is None:  # HypoFuzz stops its workers on SIGINT (a shrink in flight is lost)
+            process.send_signal(signal.SIGINT)
+            try:
+                process.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(process.pid, signal.SIGKILL)  # any worker left behind
+        ran = time.monotonic() - began
+        if stopped or interrupted or process.returncode != 0 or ran < min_run_s or finished():
+            return stopped, interrupted, process.returncode
+        say(f"HypoFuzz ended by itself after {ran:.0f} s with a suite still without a stored failure (its "
+            f"hub stops when no worker has run a first batch of 100 examples within a minute: a slow "
+            f"engine or a busy machine); starting it again, the example database keeps what it found")
 
 
 def _rules(args: argparse.Namespace) -> int:

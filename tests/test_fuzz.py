@@ -104,3 +104,34 @@ def test_fuzz_refuses_what_cannot_run(tmp_path: Path, args: list[str], message: 
     done = _command("fuzz", "--duration", "5", *(["--database", str(tmp_path / "db")] if "--database" not in args
                                                  else []), *args, cwd=tmp_path)
     assert done.returncode == 2 and message in done.stderr, done.stdout + done.stderr
+
+
+def test_a_hypofuzz_run_that_ends_by_itself_early_is_started_again(tmp_path: Path) -> None:
+    """HypoFuzz's hub ends a run (status 0) when no worker has finished a first batch of 100
+    examples in its first minute -- a slow engine, a busy machine. run_hypofuzz starts it
+    again until the deadline while a suite has no stored failure, and not once they all
+    have. A stand-in command that ends by itself at once plays HypoFuzz here."""
+    import time
+
+    from kvoracle.conformance.cli import run_hypofuzz
+
+    marks = tmp_path / "runs"
+    command = [sys.executable, "-c", f"open({str(marks)!r}, 'a').write('run\\n')"]
+    said: list[str] = []
+    stopped, interrupted, _ = run_hypofuzz(command, cwd=str(tmp_path), env=dict(os.environ),
+                                                deadline=time.monotonic() + 3, finished=lambda: False,
+                                                say=said.append, min_run_s=0)
+    runs = marks.read_text().count("run")
+    # Stopped at the deadline (the status is then that of the SIGINT it got, and not judged).
+    assert stopped and not interrupted and runs >= 2 and len(said) >= runs - 1, (runs, said)
+    assert "starting it again" in said[0]
+    marks.unlink()
+    said.clear()
+    run_hypofuzz(command, cwd=str(tmp_path), env=dict(os.environ), deadline=time.monotonic() + 3,
+                 finished=lambda: True, say=said.append, min_run_s=0)
+    assert marks.read_text().count("run") == 1 and not said  # every suite failed: done
+    marks.unlink()
+    # A run that ends sooner than min_run_s is not started again (it would spin).
+    run_hypofuzz(command, cwd=str(tmp_path), env=dict(os.environ), deadline=time.monotonic() + 3,
+                 finished=lambda: False, say=said.append, min_run_s=60)
+    assert marks.read_text().count("run") == 1 and not said
