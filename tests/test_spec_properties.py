@@ -156,6 +156,13 @@ TESTED = {
     "external_store.external_hit",
     # KV-HYB-005: tests/test_hybrid_spec.py.
     "hybrid.single_pass",
+    # Mamba's align mode (chapter 8): tests/test_mamba_align_spec.py, directly or (the last
+    # three) through reserved_checkpoint, align_layout and align_need, which call them.
+    "mamba.align_layout", "mamba.align_need", "mamba.align_blocks_to_free", "mamba.retired_after",
+    "mamba.frees_last_state", "mamba.reserved_checkpoint", "mamba.checkpoint_index",
+    "mamba.checkpoint_key_tokens", "mamba.chunk_keeps_states", "mamba.running_index",
+    "mamba.states_written", "mamba.align_table_ok", "mamba.align_free_order",
+    "mamba.num_required_entries", "mamba.checkpoint_exportable", "mamba.checkpoint_position",
 }
 
 

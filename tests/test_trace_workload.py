@@ -59,9 +59,11 @@ def test_the_mooncake_part_passes_the_reference_and_its_requests_hit() -> None:
 
 def test_the_mooncake_part_convicts_a_broken_engine() -> None:
     sys.path.insert(0, str(Path(__file__).parent))
+    # Touching a hit leaves its blocks in the free queue: with the reference's contracts on, the
+    # engine's own pool breaks KV-POOL-010's contract (an engine error); off, the queue differs.
     result = _run("broken_engines:TouchLeavesHitsFree", 150)
-    failed = {rule for rule, outcome in result.verdicts.outcomes.items() if outcome.counterexamples}
-    assert failed, result.verdicts.summary()
+    failed = {rule for rule, outcome in result.verdicts.outcomes.items() if outcome.counterexamples or outcome.errors}
+    assert failed & {"KV-LIFE-006", "KV-POOL-008", "KV-POOL-010"}, (failed, result.verdicts.summary())
 
 
 @pytest.mark.skipif(not TRACE.is_file(), reason=f"the Mooncake trace is not at {TRACE} (the workplace's shared data)")
