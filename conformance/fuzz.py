@@ -41,15 +41,23 @@ globals().update(fuzz_targets())
 
 
 class _Stats:
-    """Counts one process's examples into ``<dir>/<pid>.json`` (rewritten at most once a second)."""
+    """Counts one process's examples into ``<dir>/<pid>.json`` (rewritten at most once a second).
+
+    HypoFuzz's hub imports the targets (so makes this object) and then forks its workers, which
+    inherit it: each worker starts counting afresh under its own pid at its first example (with
+    the hub's pid, the workers wrote one file over each other and -n 2 read as one process)."""
 
     def __init__(self, directory: Path) -> None:
-        self.path = directory / f"{os.getpid()}.json"
-        self.started = time.time()
-        self.examples = 0
-        self.written = 0.0
+        self.directory = directory
+        self.pid = 0  # no process's yet: set at the first example
 
     def __call__(self) -> None:
+        if self.pid != os.getpid():
+            self.pid = os.getpid()
+            self.path = self.directory / f"{self.pid}.json"
+            self.started = time.time()
+            self.examples = 0
+            self.written = 0.0
         self.examples += 1
         now = time.time()
         if now - self.written >= 1.0:

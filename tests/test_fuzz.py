@@ -135,3 +135,27 @@ def test_a_hypofuzz_run_that_ends_by_itself_early_is_started_again(tmp_path: Pat
     run_hypofuzz(command, cwd=str(tmp_path), env=dict(os.environ), deadline=time.monotonic() + 3,
                  finished=lambda: False, say=said.append, min_run_s=60)
     assert marks.read_text().count("run") == 1 and not said
+
+
+def _count_examples(stats: object, count: int) -> None:
+    for _ in range(count):
+        stats()  # type: ignore[operator]
+    stats.written = 0.0  # type: ignore[attr-defined]  # write the last count now
+    stats()  # type: ignore[operator]
+
+
+def test_each_forked_worker_counts_its_own_examples(tmp_path: Path) -> None:
+    """HypoFuzz's hub makes the targets, then forks its workers: each must count into a file of
+    its own (with one shared file, two workers read as one process)."""
+    import multiprocessing
+
+    from kvoracle.conformance.fuzz import _Stats, read_stats
+
+    stats = _Stats(tmp_path)
+    context = multiprocessing.get_context("fork")
+    workers = [context.Process(target=_count_examples, args=(stats, count)) for count in (3, 7)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join(timeout=60)
+    assert sorted(c["examples"] for c in read_stats(tmp_path)) == [4, 8]
