@@ -322,13 +322,15 @@ def _fuzz(args: argparse.Namespace) -> int:
               f"{args.processes} process(es) with HypoFuzz; failures go to {shown(database)}", flush=True)
         started = time.monotonic()
 
-        def every_suite_failed() -> bool:
-            return all(any(True for _ in open_database(database).fetch(examples_key(machine)))
-                       for machine in machines.values())
+        def stored_failures() -> dict[str, int]:
+            """Each suite's failing examples in the database."""
+            return {name: sum(1 for _ in open_database(database).fetch(examples_key(machine)))
+                    for name, machine in machines.items()}
 
         run = run_hypofuzz(command, cwd=work, env=env,
                            deadline=None if args.duration is None else started + args.duration,
-                           finished=every_suite_failed, say=lambda line: print(line, flush=True))
+                           finished=lambda: all(stored_failures().values()),
+                           say=lambda line: print(line, flush=True))
         stopped, interrupted, returncode = run
         elapsed = time.monotonic() - started
         counts = read_stats(stats)
@@ -337,8 +339,7 @@ def _fuzz(args: argparse.Namespace) -> int:
           f"{examples / elapsed:.1f} examples/s" + "".join(
               f"\n  process {i}: {c['examples']} examples, "
               f"{c['examples'] / max(c['last'] - c['started'], 1e-9):.1f}/s" for i, c in enumerate(counts, 1)))
-    stored = {name: sum(1 for _ in open_database(database).fetch(examples_key(machine)))
-              for name, machine in machines.items()}
+    stored = stored_failures()
     for name, machine in machines.items():
         print(f"{machine.suite.alias or machine.suite.name}: {stored[name]} failing example(s) stored")
     if any(stored.values()):

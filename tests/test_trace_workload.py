@@ -49,10 +49,10 @@ def _run(engine: str, max_examples: int) -> RunResult:
                      suite=get_suite("mooncake"))
 
 
-def test_the_mooncake_part_passes_the_reference_and_its_requests_hit() -> None:
+def test_the_mooncake_part_passes_the_reference_and_judges_its_lookups() -> None:
     result = _run("reference", 30)
     assert result.verdicts.ok(), result.verdicts.summary()
-    # Later turns of a conversation hit the blocks the earlier ones cached: lookups were judged.
+    # That later turns share their conversation's blocks is test_conversations_keep_the_traces_shape's.
     assert result.verdicts.outcomes["KV-FULL-001"].checks > 0
     assert result.verdicts.outcomes["KV-HYB-006"].not_applicable  # one-group part only
 

@@ -478,8 +478,7 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
     (:class:`SuiteLoadError`); otherwise it is skipped and listed in ``unsupported``, and
     only an engine that supports none of them is an error -- unless the run is ``resumed`` (a
     new worker for the suites left after another's death, which ran some already). With
-    ``fresh_after_hang`` (the
-    supervised worker) the suites after one whose engine call never answered are not run
+    ``fresh_after_hang`` (the supervised worker) the suites after one whose engine call never answered are not run
     here but listed in ``handed_on``: the abandoned call may still hold this process's CPU
     and GIL, and would slow every later engine call. ``observer`` is told how each suite
     run goes (:class:`RunObserver`).

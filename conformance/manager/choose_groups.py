@@ -97,6 +97,11 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
     return ConfigureGroups(groups, hash_size, num_blocks, max_model_len, eagle, caching, encoder)
 
 
+def _alignment(setup: ConfigureGroups) -> int:
+    """The scheduler block size of a configured model (KV-HYB-001)."""
+    return hybrid_spec.scheduler_block_size(tuple(size for _, size, _ in setup.groups))
+
+
 class GroupsRules:
     """The manager machine's rules for a model of several groups: requests arriving, running in
     chunks, decoding, being preempted and finishing (a mixin of :class:`~.machine.ManagerMachine`,
@@ -123,7 +128,7 @@ class GroupsRules:
     def arrive(self, data: st.DataObject) -> None:
         setup = self.driver.setup
         limit = setup.max_model_len - 1
-        alignment = math.lcm(*(size for _, size, _ in setup.groups))
+        alignment = _alignment(setup)
         prefix: tuple[int, ...] = ()
         warm = self._warm()
         sources = warm if warm and data.draw(st.integers(0, 3), label="warm source") else self.prompts
@@ -179,7 +184,7 @@ class GroupsRules:
         left = request.num_tokens - request.num_computed_tokens
         chunks = st.integers(1, max(1, left)) | st.just(max(1, left))
         # Or up to an aligned boundary: caching then ends exactly on a segment's end.
-        alignment = math.lcm(*(size for _, size, _ in self.driver.setup.groups))
+        alignment = _alignment(self.driver.setup)
         aligned = (request.num_tokens // alignment) * alignment - request.num_computed_tokens
         if aligned > 0:
             chunks |= st.just(aligned)

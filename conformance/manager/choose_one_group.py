@@ -80,10 +80,14 @@ class OneGroupRules:
         config = self._config()
         if self.workload == "mooncake":  # prompts shaped like the Mooncake trace (trace.py)
             prompt = self.conversations.next_prompt(data, config.block_size, config.max_model_len - 1)
-            salt = data.draw(st.sampled_from([None, None, None, "salt-1", ""]), label="salt") \
-                if self.caps.cache_salt else None
-            self.driver.apply(steps.AddRequest(self.new_request_id(), prompt, salt))
-            return
+        else:
+            prompt = self._drawn_prompt(data, config)
+        salt = data.draw(st.sampled_from([None, None, None, "salt-1", ""]), label="salt") \
+            if self.caps.cache_salt else None
+        self.driver.apply(steps.AddRequest(self.new_request_id(), prompt, salt))
+
+    def _drawn_prompt(self, data: st.DataObject, config: ManagerConfig) -> tuple[int, ...]:
+        """A prompt of the tiny alphabet: fresh, or cut from a live or past request's tokens."""
         live = [tuple(r.all_token_ids) for r in self.model.requests.values()]
         prefix: tuple[int, ...] = ()
         source = data.draw(st.sampled_from(["fresh", "live", "past", "past", "resend"]),
@@ -112,10 +116,7 @@ class OneGroupRules:
                                               max_size=2 * config.block_size + 2)
                                      | st.lists(TOKENS, min_size=1, max_size=room),
                                      label="suffix"))
-        prompt = (prefix + suffix)[: config.max_model_len - 1] or (0,)
-        salt = data.draw(st.sampled_from([None, None, None, "salt-1", ""]), label="salt") \
-            if self.caps.cache_salt else None
-        self.driver.apply(steps.AddRequest(self.new_request_id(), prompt, salt))
+        return (prefix + suffix)[: config.max_model_len - 1] or (0,)
 
     def _schedulable(self) -> list[str]:
         """Waiting requests, and running ones with uncomputed tokens."""
