@@ -593,7 +593,7 @@ def checkpoint_index(query_end: int, block_size: int) -> int:
                   (deferred and num_hit_blocks > 0) or result - num_evictable_hits == align_layout(
                       num_held + num_hit_blocks, num_tokens, block_size, num_speculative_blocks, checkpoint,
                       allocated).count(NEW),
-                  "the need is exactly the blocks the layout takes from the pool", enabled=ENABLED)
+                  "KV-MAMBA-007: the need is exactly the blocks the layout takes from the pool", enabled=ENABLED)
 @defines(KV_MAMBA_007, KV_MAMBA_008, KV_MAMBA_009)
 def align_need(num_tokens: int, block_size: int, num_speculative_blocks: int, num_hit_blocks: int,
                num_held: int, allocated: bool, checkpoint: bool, num_evictable_hits: int, deferred: bool,
@@ -623,7 +623,7 @@ def align_need(num_tokens: int, block_size: int, num_speculative_blocks: int, nu
 @icontract.ensure(lambda result, is_null, num_retired, processed, block_size:
                   len(result) == sum(1 for i in range(num_retired, min(max(processed - 1, 0) // block_size,
                                                                        len(is_null))) if not is_null[i]),
-                  "every non-null entry in the range, nulls do not stop it", enabled=ENABLED)
+                  "KV-MAMBA-010: every non-null entry in the range, nulls do not stop it", enabled=ENABLED)
 @defines(KV_MAMBA_010)
 def align_blocks_to_free(is_null: tuple[bool, ...], num_retired: int, processed: int, block_size: int
                          ) -> tuple[int, ...]:
@@ -666,7 +666,7 @@ def frees_last_state(last_state_index: int, processed: int, block_size: int, is_
 @icontract.ensure(lambda result, table, null_id: sorted(result) == sorted(b for b in table if b != null_id),
                   enabled=ENABLED)
 @icontract.ensure(lambda result, table, null_id: list(result) == [b for b in reversed(table) if b != null_id],
-                  enabled=ENABLED)
+                  "KV-MAMBA-012: tail first, every null skipped", enabled=ENABLED)
 @defines(KV_MAMBA_012)
 def align_free_order(table: tuple[int, ...], null_id: int = 0) -> tuple[int, ...]:
     """The order ``free`` releases an align-mode table's pages: last first, nulls skipped."""
@@ -715,7 +715,7 @@ def checkpoint_key_tokens(position: int, index: int, is_null: tuple[bool, ...], 
                    "a checkpoint's page lies before the running page", enabled=ENABLED)
 @icontract.ensure(lambda result, num_tokens: result[0][1] == num_tokens, enabled=ENABLED)
 @icontract.ensure(lambda result: len({index for index, _ in result}) == len(result),
-                  "one state per page", enabled=ENABLED)
+                  "KV-MAMBA-014: one state per page", enabled=ENABLED)
 @defines(KV_MAMBA_014)
 def states_written(num_tokens: int, block_size: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
     """``(table entry, state after that many tokens)`` a step without drafts writes: the
@@ -729,7 +729,9 @@ def states_written(num_tokens: int, block_size: int, checkpoint: int) -> tuple[t
 @icontract.require(lambda start, end, prefill_end, block_size: 0 <= start <= end and prefill_end >= 0
                    and block_size > 0, enabled=ENABLED)
 @icontract.ensure(lambda result, start, end, prefill_end: result or start < prefill_end, enabled=ENABLED)
-@icontract.ensure(lambda result, start, end, block_size: result or end > start, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, block_size: result or end > start,
+                  "KV-MAMBA-015/KV-MAMBA-016: only a chunk that computes something can break the states",
+                  enabled=ENABLED)
 @defines(KV_MAMBA_015, KV_MAMBA_016)
 def chunk_keeps_states(start: int, end: int, prefill_end: int, block_size: int) -> bool:
     """Whether a step from ``start`` to ``end`` computed tokens obeys KV-MAMBA-016 (decode
