@@ -42,7 +42,7 @@ SUITES = ("manager", "hybrid", "external-store")
 CAPABILITIES = ("exact_block_ids", "free_queue", "ref_counts", "cache_map", "request_hashes", "eagle",
                 "caching_off", "lookahead", "delay_cache", "evict", "reset", "cache_salt",
                 "hash_block_views", "kv_data", "kv_cache_groups", "uncached_prefix_tokens", "per_group_lookup",
-                "skipped_tokens")
+                "skipped_tokens", "mamba_align")
 
 #: ``spec_only`` reasons shared by several rules.
 INPUT_VALIDATION = ("kvoracle's own input validation: it rejects the configuration or argument with a "

@@ -77,6 +77,10 @@ class Capabilities:
     #: The manager adapter reports each group's skipped-token count for a computed-token count
     #: (``skipped_tokens(num_computed_tokens)``, vLLM's ``get_num_skipped_tokens``).
     skipped_tokens: bool = False
+    #: The manager adapter takes Mamba groups with prefix caching on (vLLM's "align" mode,
+    #: chapter 8), checkpoint settings included, and offers ``new_step()``, the scheduler's
+    #: call at the start of each step (``KVCacheManager.new_step_starts``, KV-MAMBA-009).
+    mamba_align: bool = False
 
     @common_prefix.validator
     def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
