@@ -23,6 +23,10 @@ claims their capability; the rules needing it are "not applicable" to any other:
   ``get_num_skipped_tokens`` of each single-type manager). The manager suite asks it in
   models of several groups at each allocation's computed-token count and judges the
   sliding-window (KV-SWA-006) and chunked-local (KV-CHUNK-002) entries.
+* ``mamba_align``: ``new_step()``, the scheduler's call at the start of each step
+  (``KVCacheManager.new_step_starts``). The manager suite generates Mamba groups with prefix
+  caching on (vLLM's "align" mode, chapter 8) only for an adapter claiming it, and calls
+  ``new_step()`` between steps (KV-MAMBA-009: a state cached in a step is a hit only after it).
 """
 
 from __future__ import annotations
@@ -153,3 +157,6 @@ class OptionalEngineAdapter(Protocol):
         """``skipped_tokens``: per KV-cache group, in order, the tokens skipped after
         ``num_computed_tokens`` computed tokens (``get_num_skipped_tokens``; 0 for a group that
         skips none). Asked only of models configured with a ``HybridConfig``."""
+
+    def new_step(self) -> None:
+        """``mamba_align``: a new scheduler step starts (``new_step_starts``)."""

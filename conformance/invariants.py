@@ -19,6 +19,7 @@ from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as lifecycle_spec
 from kvoracle.spec import lifecycle
+from kvoracle.spec import mamba as mamba_spec
 
 from .adapter import Observation
 from .harness.verdicts import Verdicts
@@ -48,9 +49,19 @@ def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observat
         check("KV-POOL-001", null_free,
               lambda: "the null block is in a full-attention block table or the free queue")
     else:  # several groups: where a table may hold null entries
+        # An align-mode Mamba table has nulls anywhere but at its end (KV-MAMBA-013), not KV-HYB-013's.
+        speculative = {g: kv.num_speculative_blocks for g, kv in enumerate(groups.kv_cache_specs)
+                       if getattr(kv, "mamba_cache_mode", None) == "align"}
         for rid, entries in tables.items():
-            for kind, table in zip(kinds, entries):
-                check("KV-HYB-013", lifecycle_spec.table_nulls_ok(kind, tuple(b == NULL_BLOCK_ID for b in table)),
+            for g, (kind, table) in enumerate(zip(kinds, entries)):
+                nulls = tuple(b == NULL_BLOCK_ID for b in table)
+                if g in speculative:
+                    check("KV-MAMBA-013", mamba_spec.align_table_ok(nulls, speculative[g]),
+                          lambda rid=rid, g=g, table=table: f"Mamba table of {rid} (align mode, "
+                          f"{speculative[g]} speculative pages) is {list(table)}: its last "
+                          f"{1 + speculative[g]} entries must not be null")
+                    continue
+                check("KV-HYB-013", lifecycle_spec.table_nulls_ok(kind, nulls),
                       lambda rid=rid, kind=kind, table=table: f"{kind} table of {rid} is {list(table)}: "
                       "null entries (id 0) only as a prefix of a windowed table, none elsewhere")
     in_tables = Counter(b for entries in tables.values() for table in entries for b in table

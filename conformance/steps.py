@@ -42,7 +42,12 @@ class Configure:
 class ConfigureGroups:
     """Build fresh engines for a model of one or more KV-cache groups of any kinds (the hybrid
     coordinator, or the unitary one over a single group). Every request has
-    ``num_encoder_tokens`` encoder tokens (a cross-attention group's)."""
+    ``num_encoder_tokens`` encoder tokens (a cross-attention group's).
+
+    A Mamba group follows prefix caching: "none" mode with it off (KV-HLC-008), "align" mode
+    with it on (chapter 8), where ``mamba_checkpoint_blocks`` and
+    ``mamba_checkpoint_alignment`` (0: the backend cannot export one) are its prefill
+    checkpoint settings (KV-MAMBA-006)."""
 
     primary_rule = "KV-HLC-001"
 
@@ -53,14 +58,26 @@ class ConfigureGroups:
     use_eagle: bool = False
     enable_caching: bool = True
     num_encoder_tokens: int = 0
+    mamba_checkpoint_blocks: int = 0
+    mamba_checkpoint_alignment: int = 0
 
     def config(self) -> HybridConfig:
-        return HybridConfig(tuple(kv_spec_of(g) for g in self.groups), self.num_blocks, self.max_model_len,
-                            self.hash_block_size, self.use_eagle, self.enable_caching)
+        return HybridConfig(tuple(kv_spec_of(g, self.enable_caching, self.mamba_checkpoint_blocks,
+                                             self.mamba_checkpoint_alignment) for g in self.groups),
+                            self.num_blocks, self.max_model_len, self.hash_block_size, self.use_eagle,
+                            self.enable_caching)
+
+    @property
+    def align_groups(self) -> tuple[int, ...]:
+        """The Mamba groups in "align" mode (all of them with prefix caching on)."""
+        return tuple(g for g, (kind, _, _) in enumerate(self.groups)
+                     if kind == hybrid_spec.MAMBA and self.enable_caching)
 
 
-def kv_spec_of(group: GroupDesc) -> KVCacheSpec:
-    """The reference's layer spec for one flat group description."""
+def kv_spec_of(group: GroupDesc, enable_caching: bool = False, checkpoint_blocks: int = 0,
+               checkpoint_alignment: int = 0) -> KVCacheSpec:
+    """The reference's layer spec for one flat group description, in a model with prefix caching
+    on or off (which decides a Mamba group's mode, KV-MAMBA-003)."""
     kind, size, param = group
     if kind == hybrid_spec.SLIDING_WINDOW:
         return SlidingWindowSpec(size, sliding_window=param)
@@ -69,6 +86,10 @@ def kv_spec_of(group: GroupDesc) -> KVCacheSpec:
     if kind == lifecycle_spec.CROSS_ATTENTION:
         return CrossAttentionSpec(size)
     if kind == hybrid_spec.MAMBA:
+        if enable_caching:
+            return MambaSpec(size, mamba_cache_mode="align", num_speculative_blocks=param,
+                             num_prefill_checkpoint_blocks=checkpoint_blocks,
+                             prefill_checkpoint_alignment=checkpoint_alignment or None)
         return MambaSpec(size, mamba_cache_mode="none", num_speculative_blocks=param)
     return FullAttentionSpec(size)
 
@@ -159,10 +180,18 @@ class Observe:
 
 
 @attrs.frozen
+class NewStep:
+    """The scheduler starts a step (``KVCacheManager.new_step_starts``): states cached in the
+    step before may be hits now (KV-MAMBA-009). Generated for align-mode Mamba groups only."""
+
+    primary_rule = "KV-MAMBA-009"
+
+
+@attrs.frozen
 class CommonPrefix:
     request_id: str
     primary_rule = "KV-LIFE-010"
 
 
 Step = Configure | ConfigureGroups | AddRequest | Schedule | EmptyAllocation | Probe | AppendTokens | Free | \
-    Evict | ResetPrefixCache | CommonPrefix | Observe
+    Evict | ResetPrefixCache | CommonPrefix | Observe | NewStep

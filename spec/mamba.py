@@ -212,7 +212,8 @@ KV_MAMBA_004 = rule(
     source=f"{STKV} MambaManager.allocate_new_blocks (align branch: early return, null padding, "
            "new blocks, returned_blocks)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_005 = rule(
     "KV-MAMBA-005",
@@ -226,7 +227,8 @@ KV_MAMBA_005 = rule(
     source=f"{STKV} MambaManager.allocate_new_blocks (blocks_allocated relocation loop) / "
            "_relocate_speculative_block",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_006 = rule(
     "KV-MAMBA-006",
@@ -241,7 +243,8 @@ KV_MAMBA_006 = rule(
            "get_mamba_prefill_checkpoint_position / is_mamba_prefill_checkpoint_valid; "
            f"{COORD} KVCacheCoordinator.__init__ (drop_eagle_checkpoint_block)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_007 = rule(
     "KV-MAMBA-007",
@@ -252,7 +255,8 @@ KV_MAMBA_007 = rule(
     the window is subtracted: the hit entries before the state page are nulls.""",
     source=f"{STKV} MambaManager.get_num_blocks_to_allocate (align branch, physical_block_cap)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_008 = rule(
     "KV-MAMBA-008",
@@ -266,7 +270,8 @@ KV_MAMBA_008 = rule(
     source=f"{STKV} MambaManager.get_num_blocks_to_allocate (num_new_blocks not floored when <= 0); "
            f"{MGR} KVCacheManager.allocate_slots (capacity check)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_009 = rule(
     "KV-MAMBA-009",
@@ -278,7 +283,8 @@ KV_MAMBA_009 = rule(
     source=f"{STKV} MambaManager.get_num_blocks_to_allocate (cached_blocks_this_step) / cache_blocks / "
            f"new_step_starts; {MGR} KVCacheManager.new_step_starts; {SCHED} Scheduler.schedule",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_010 = rule(
     "KV-MAMBA-010",
@@ -291,7 +297,8 @@ KV_MAMBA_010 = rule(
     too if it is not null and lies before cdiv(P, B) - 1.""",
     source=f"{STKV} MambaManager._remove_blocks_in_range / remove_skipped_blocks (last_state_block_idx)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_011 = rule(
     "KV-MAMBA-011",
@@ -305,7 +312,8 @@ KV_MAMBA_011 = rule(
            "vllm/v1/core/block_pool.py cache_full_blocks (promotion) / cache_partial_block "
            "(replace_existing_hashes)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_012 = rule(
     "KV-MAMBA-012",
@@ -315,7 +323,8 @@ KV_MAMBA_012 = rule(
     source=f"{STKV} MambaManager.pop_blocks_for_free / SingleTypeKVCacheManager.free; "
            "vllm/v1/core/block_pool.py BlockPool.free_blocks (null blocks skipped)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_013 = rule(
     "KV-MAMBA-013",
@@ -326,7 +335,8 @@ KV_MAMBA_013 = rule(
     source=f"{STKV} MambaManager.allocate_new_blocks (last_state_block_idx = len - 1 - s); "
            "vllm/v1/attention/backends/utils.py mamba_get_block_table_tensor",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_014 = rule(
     "KV-MAMBA-014",
@@ -377,7 +387,8 @@ KV_MAMBA_017 = rule(
     source=f"{STKV} MambaManager._cache_partial_tail_block (checkpoint branch); "
            "vllm/v1/core/block_pool.py BlockPool._get_partial_block_hash (assertion)",
     chapter=CHAPTER,
-    needs=("kv_cache_groups",),
+    needs=("kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 
 
@@ -741,3 +752,33 @@ def chunk_keeps_states(start: int, end: int, prefill_end: int, block_size: int) 
     ends_on_boundary = end >= prefill_end or end % block_size == 0
     stays_in_block = start % block_size == 0 or end <= (start // block_size + 1) * block_size
     return ends_on_boundary and stays_in_block
+
+
+@icontract.require(lambda start, end, prefill_end, block_size: 0 <= start <= end and prefill_end >= 0
+                   and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end: start <= result <= end, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, prefill_end, block_size:
+                  chunk_keeps_states(start, result, prefill_end, block_size),
+                  "KV-MAMBA-016: the chunk the scheduler keeps obeys the rule", enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, prefill_end, block_size:
+                  not chunk_keeps_states(start, end, prefill_end, block_size) or result == end,
+                  "a chunk that obeys the rule already is kept whole", enabled=ENABLED)
+@defines(KV_MAMBA_016)
+def aligned_chunk_end(start: int, end: int, prefill_end: int, block_size: int) -> int:
+    """Where the scheduler ends a chunk it wanted to run from ``start`` to ``end`` computed
+    tokens, so that it obeys KV-MAMBA-016: a prefill chunk ending before ``prefill_end`` is cut
+    back to its last block boundary, and one starting inside a block stops at the next
+    boundary. ``start`` itself (nothing scheduled) when no boundary lies inside the chunk --
+    vLLM's scheduler then leaves the request for a later step (a Mamba block wider than the
+    prefill budget, where it advances inside the block instead, is not a kvoracle case)."""
+    if start >= prefill_end or end == start:
+        return end
+    if end < prefill_end:
+        boundary = end // block_size * block_size
+        if boundary <= start:
+            return start
+        end = boundary
+    next_boundary = (start // block_size + 1) * block_size
+    if start % block_size and end > next_boundary:
+        return next_boundary
+    return end

@@ -57,38 +57,14 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 #: The gap list: rules an engine adapter could observe but no suite judges yet, each
 #: with what a suite would need to judge it. Exactly the rules with neither
 #: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that). It was
-#: empty from KV-EXT-014 on; chapter 8's align-mode rules wait here for the manager suite.
-_ALIGN_GROUPS = ("the manager suite generating Mamba groups with prefix caching on (mamba_cache_mode='align', "
-                 "block size = hash block size) in lockstep with the reference")
+#: empty from KV-EXT-014 on; chapter 8's data rules wait here for a paged store of Mamba states
+#: (the manager suite judges the align mode's other rules).
 NOT_YET_JUDGED: dict[str, str] = {
-    "KV-MAMBA-004": f"{_ALIGN_GROUPS}, comparing the Mamba tables and the allocations' returned entries "
-                    "(nulls and moved pages included) after chunks that cross block boundaries",
-    "KV-MAMBA-005": f"{_ALIGN_GROUPS} with num_speculative_blocks 1 or 2, and chunks of a running request "
-                    "that grow its table past its speculative pages",
-    "KV-MAMBA-006": f"{_ALIGN_GROUPS} with num_prefill_checkpoint_blocks 1 and a prefill_checkpoint_alignment "
-                    "(the vLLM adapter passing it to MambaSpec), prefill chunks longer than a hash block, "
-                    "and a hybrid alignment above the Mamba block",
-    "KV-MAMBA-007": f"{_ALIGN_GROUPS}, with pools small enough that the summed need decides whether an "
-                    "allocation fails, and prefix hits whose state page sits in the free queue",
-    "KV-MAMBA-008": f"{_ALIGN_GROUPS}, draft tokens that are not committed (so a running request's main tokens "
-                    "shrink below its table) and a look-ahead that grows in the next step",
-    "KV-MAMBA-009": f"{_ALIGN_GROUPS} and a scheduler-step operation (the adapters calling "
-                    "KVCacheManager.new_step_starts), with a request hitting a state another request "
-                    "cached in the same step",
-    "KV-MAMBA-010": f"{_ALIGN_GROUPS}, comparing the free queue and ref counts after each step of chunked "
-                    "prefills and decodes",
-    "KV-MAMBA-011": f"{_ALIGN_GROUPS}, comparing the cache map (checkpoint pages keyed at their positions "
-                    "with a hybrid alignment above the Mamba block)",
-    "KV-MAMBA-012": f"{_ALIGN_GROUPS}, freeing requests whose tables hold nulls between their pages",
-    "KV-MAMBA-013": f"{_ALIGN_GROUPS}, checking each observed Mamba table's last 1 + num_speculative_blocks "
-                    "entries (in place of KV-HYB-013's null-prefix check for such tables)",
     "KV-MAMBA-014": "a paged store that writes a state value per Mamba page (the state after T tokens at "
-                    "cdiv(T, B) - 1, a checkpoint's at its page) and an align-mode manager suite driving it",
+                    "cdiv(T, B) - 1, a checkpoint's at its page) driven by the manager suite's align-mode "
+                    "groups",
     "KV-MAMBA-015": "the paged store of KV-MAMBA-014, reading a hit's state page when a request adopts it, "
                     "with chunks generated to obey KV-MAMBA-016",
-    "KV-MAMBA-017": f"{_ALIGN_GROUPS} with checkpoint pages and a Mamba block of at most the number of draft "
-                    "tokens, decode steps scheduling that many drafts (vLLM 0.33.0 raises there: an "
-                    "expectation entry)",
 }
 
 

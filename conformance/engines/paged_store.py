@@ -240,6 +240,10 @@ class PagedStoreWrapper:
         """Passed through; asked only where the inner adapter claims ``skipped_tokens``."""
         return self.inner.skipped_tokens(num_computed_tokens)  # type: ignore[attr-defined, no-any-return]
 
+    def new_step(self) -> None:
+        """Passed through; called only where the inner adapter claims ``mamba_align``."""
+        self.inner.new_step()  # type: ignore[attr-defined]
+
     def observe(self) -> Observation:
         observation = self.inner.observe()
         return attrs.evolve(observation, data_checks=self._data_checks(observation))

@@ -40,7 +40,7 @@ class ReferenceEngine:
     def capabilities(self) -> Capabilities:
         return Capabilities(common_prefix=self.common_prefix, free_order=self.free_order,
                             mamba_free_lag=self.mamba_free_lag, kv_cache_groups=True,
-                            hash_block_views=True, skipped_tokens=True)
+                            hash_block_views=True, skipped_tokens=True, mamba_align=True)
 
     def make_manager(self, config: EngineConfig) -> KVCacheManager:
         return KVCacheManager(config)
@@ -114,6 +114,11 @@ class ReferenceEngine:
         if self.common_prefix == "cascade":
             return tuple(self.manager.get_num_common_prefix_blocks_cascade(request_id))
         return tuple(self.manager.get_num_common_prefix_blocks(request_id))
+
+    def new_step(self) -> None:
+        """The scheduler starts a step (KV-MAMBA-009)."""
+        assert self.manager is not None
+        self.manager.new_step_starts()
 
     def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
         """Each group's skipped tokens after ``num_computed_tokens`` (KV-SWA-006, KV-CHUNK-002)."""

@@ -139,7 +139,8 @@ class VllmEngine:
         return Capabilities(common_prefix="cascade" if cascade else "zero", free_order=free_order(v),
                             mamba_free_lag=mamba_free_lag(), kv_cache_groups=True,
                             hash_block_views=True,
-                            skipped_tokens=hasattr(v.SingleTypeKVCacheManager, "get_num_skipped_tokens"))
+                            skipped_tokens=hasattr(v.SingleTypeKVCacheManager, "get_num_skipped_tokens"),
+                            mamba_align=mamba_align())
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: EngineConfig | HybridConfig) -> None:
@@ -250,6 +251,10 @@ class VllmEngine:
     def common_prefix_blocks(self, request_id: str) -> tuple[int, ...]:
         return tuple(self.manager.get_num_common_prefix_blocks(request_id))
 
+    def new_step(self) -> None:
+        """``new_step_starts``: the scheduler's call at the start of each step (KV-MAMBA-009)."""
+        self.manager.new_step_starts()
+
     def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
         """``get_num_skipped_tokens`` of each group's single-type manager, in group order."""
         return tuple(int(m.get_num_skipped_tokens(num_computed_tokens))
@@ -349,6 +354,18 @@ def mamba_free_lag() -> bool:
     except (OSError, TypeError):  # no source installed: the release's default, kvoracle's rule
         return False
     return "- self.num_speculative_blocks" in code
+
+
+def mamba_align() -> bool:
+    """Whether the release runs chapter 8's align mode: prefill checkpoints with an export
+    alignment (``MambaSpec.prefill_checkpoint_alignment``) and the scheduler's
+    ``new_step_starts``, which vLLM 0.32 brought together. Earlier releases have an align mode
+    without them (0.15 to 0.31, checkpoint blocks from 0.29): kvoracle does not specify those,
+    so their align-mode rules are not applicable rather than judged against 0.33's."""
+    from vllm.v1.core.kv_cache_manager import KVCacheManager
+    from vllm.v1.kv_cache_interface import MambaSpec
+
+    return takes(MambaSpec, "prefill_checkpoint_alignment") and hasattr(KVCacheManager, "new_step_starts")
 
 
 def scheduler_block_size_of(groups: Sequence[Any]) -> int:

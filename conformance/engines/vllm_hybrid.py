@@ -149,7 +149,9 @@ def vllm_spec(v: SimpleNamespace, kv_spec: KVCacheSpec, caching: bool = True) ->
             page_size_padded=kv_spec.page_size_padded, mamba_cache_mode=kv_spec.mamba_cache_mode,
             num_speculative_blocks=kv_spec.num_speculative_blocks,
             num_prefill_checkpoint_blocks=kv_spec.num_prefill_checkpoint_blocks,
-            built_in={"mamba_cache_mode": "align" if caching else "none", "num_prefill_checkpoint_blocks": 0})
+            prefill_checkpoint_alignment=kv_spec.prefill_checkpoint_alignment,
+            built_in={"mamba_cache_mode": "align" if caching else "none", "num_prefill_checkpoint_blocks": 0,
+                      "prefill_checkpoint_alignment": None})
     raise ValueError(f"the vLLM hybrid adapters do not translate {type(kv_spec).__name__}"
                      f"{' (MLA)' if getattr(kv_spec, 'use_mla', False) else ''}")
 

@@ -4,16 +4,20 @@ Configurations: 1 to 3 groups of full attention, sliding window (windows 1 to
 12) and chunked local attention, block sizes multiples of the hash block size,
 EAGLE on or off, a small pool; with prefix caching off, a cross-attention group
 sized by the request's encoder tokens (KV-HLC-007), and Mamba groups in "none"
-mode (KV-HLC-008), sometimes one block per request. Mamba with caching on is not
-generated: its "align" allocation is not specified (KV-MAMBA-003). A rule of its
+mode (KV-HLC-008), sometimes one block per request. With caching on, where the
+engine claims ``mamba_align``, a Mamba group in "align" mode (chapter 8): its block
+the hash block (KV-MAMBA-003), 0 to 2 speculative pages, sometimes a prefill
+checkpoint page, alone or beside coarser groups (a hit alignment above its block),
+and scheduler steps (``new_step``) between the others (KV-MAMBA-009). A rule of its
 own prefills prompts that end inside a coarse full-attention block and finishes
 them at once, the case of vLLM's partial tail entries (KV-HLC-006). Features the
 engine does not claim (EAGLE, caching off, look-ahead, delayed caching, eviction,
-reset) are not generated.
+reset, align mode) are not generated.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 
 from hypothesis import strategies as st
@@ -24,7 +28,7 @@ from kvoracle.spec import hybrid_lifecycle as spec
 from kvoracle.spec.lifecycle import cdiv
 
 from ..adapter import Capabilities
-from ..steps import AddRequest, AppendTokens, ConfigureGroups, Evict, Free, ResetPrefixCache, Schedule
+from ..steps import AddRequest, AppendTokens, ConfigureGroups, Evict, Free, NewStep, ResetPrefixCache, Schedule
 
 TOKENS = st.integers(0, 3)
 MAX_LIVE_REQUESTS = 4
@@ -60,6 +64,17 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
         mamba = [hybrid_spec.MAMBA, hash_size * draw(st.sampled_from([1, 2, 4])),
                  draw(st.sampled_from([0, 0, 1, 2]), label="num_speculative_blocks")]
         drafts.insert(draw(st.integers(0, len(drafts)), label="mamba position"), mamba)
+    checkpoints = (0, 0)
+    if caching and caps.mamba_align and draw(st.integers(0, 2), label="align mamba") == 0:  # chapter 8
+        # The block is the hash block (KV-MAMBA-003); the other groups' blocks are multiples of
+        # it, so a hit aligns above the Mamba block whenever one of them is coarser.
+        mamba = [hybrid_spec.MAMBA, hash_size, draw(st.sampled_from([0, 0, 1, 2]), label="num_speculative_blocks")]
+        if not eagle and draw(st.integers(0, 3), label="mamba alone") == 0:  # EAGLE needs another group
+            drafts = [mamba]
+        else:
+            drafts.insert(draw(st.integers(0, len(drafts)), label="mamba position"), mamba)
+        if draw(st.booleans(), label="prefill checkpoint"):  # KV-MAMBA-006
+            checkpoints = (1, draw(st.sampled_from([1, hash_size, 0]), label="prefill_checkpoint_alignment"))
     others = [size for kind, size, _ in drafts if kind != hybrid_spec.CHUNKED_LOCAL]
     alignment = math.lcm(hash_size, *others) if others else hash_size
     for draft in drafts:
@@ -83,7 +98,7 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
             draft[2] = draw(windows, label="window")
     max_model_len = alignment * draw(st.integers(4, 12), label="max_model_len blocks")
     chunked = any(kind == hybrid_spec.CHUNKED_LOCAL for kind, _, _ in drafts)
-    if mamba is not None and not chunked and draw(st.integers(0, 2), label="one state block") == 0:
+    if mamba is not None and not caching and not chunked and draw(st.integers(0, 2), label="one state block") == 0:
         # One block per request (a third of the time: only several blocks leave skipped ones to
         # judge, KV-HLC-008): the state block covers the model length (the chunked-local block
         # size must stay the scheduler block size, KV-CHUNK-003).
@@ -94,7 +109,7 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
     small = draw(st.integers(0, 3), label="small pool") == 0
     num_blocks = draw(st.integers(2, max(3, blocks_per_request)) if small else st.integers(
         blocks_per_request, 3 * blocks_per_request), label="num_blocks")
-    return ConfigureGroups(groups, hash_size, num_blocks, max_model_len, eagle, caching, encoder)
+    return ConfigureGroups(groups, hash_size, num_blocks, max_model_len, eagle, caching, encoder, *checkpoints)
 
 
 def _alignment(setup: ConfigureGroups) -> int:
@@ -267,6 +282,55 @@ class GroupsRules:
         chosen = data.draw(st.lists(st.sampled_from(cached) if cached else any_block, max_size=3)
                            | st.lists(any_block, max_size=2), label="block ids")
         self.driver.apply(Evict(tuple(chosen)))
+
+    def _has_align_group(self) -> bool:
+        return self._alive() and bool(self.driver.setup.align_groups)
+
+    @precondition(_has_align_group)
+    @rule()
+    def new_step(self) -> None:
+        # The scheduler's step boundary: a state cached in a step becomes a hit after it
+        # (KV-MAMBA-009). Between two of them any number of requests are scheduled, so a
+        # request can ask for a state another one cached in the same step.
+        self.driver.apply(NewStep())
+
+    def _decoding_align(self) -> list[str]:
+        """Live requests of an align-mode model with every token computed and room for two more."""
+        if not self._has_align_group() or not self.caps.lookahead:
+            return []
+        limit = self.driver.setup.max_model_len - 2
+        return [rid for rid, r in sorted(self.driver.model.requests.items())
+                if r.num_computed_tokens == r.num_tokens and r.num_tokens < limit]
+
+    @precondition(lambda self: bool(self._decoding_align()))
+    @rule(data=st.data())
+    def reject_drafts(self, data: st.DataObject) -> None:
+        # A decode step with a Mamba block's worth of drafts or more, all rejected, then a step
+        # with a look-ahead: the Mamba table is longer than this step needs (a negative need,
+        # KV-MAMBA-008) while the look-ahead makes another group need blocks. vLLM's own
+        # scheduler keeps the look-ahead constant; an engine's caller need not.
+        request_id = data.draw(st.sampled_from(self._decoding_align()), label="request")
+        setup = self.driver.setup
+        block_size = setup.groups[setup.align_groups[0]][1]
+        token = st.lists(TOKENS, min_size=1, max_size=1).map(tuple)
+        self.driver.apply(AppendTokens(request_id, data.draw(token, label="token")))
+        self.driver.apply(Schedule(request_id, 1, block_size * data.draw(st.integers(1, 3), label="draft blocks")))
+        if request_id not in self.driver.model.requests or self.driver.dead:
+            return
+        self.driver.apply(AppendTokens(request_id, data.draw(token, label="token")))
+        lookahead = st.integers(1, 3 * _alignment(setup))
+        tight = self._first_failing_lookahead(request_id)
+        if tight:  # the pool one block short: where a need that is too small shows
+            lookahead |= st.just(tight)
+        self.driver.apply(Schedule(request_id, 1, 0, data.draw(lookahead, label="num_lookahead_tokens")))
+
+    def _first_failing_lookahead(self, request_id: str) -> int:
+        """The smallest look-ahead with which the reference's next one-token step fails, or 0."""
+        model = self.driver.model
+        for lookahead in range(1, self.driver.setup.max_model_len):
+            if copy.deepcopy(model).allocate(request_id, 1, 0, lookahead) is None:
+                return lookahead
+        return 0
 
     @precondition(lambda self: self.driver.several_groups)
     @rule()

@@ -17,7 +17,7 @@ from ..adapter import UNKNOWN_HASH
 from ..engines.reference import ReferenceEngine
 from ..harness import picture as draw
 from ..harness.driver import Driver
-from ..steps import CommonPrefix, Configure, ConfigureGroups, EmptyAllocation, Probe
+from ..steps import CommonPrefix, Configure, ConfigureGroups, EmptyAllocation, NewStep, Probe
 from .groups import GroupsJudge
 from .one_group import OneGroupJudge
 
@@ -120,6 +120,12 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
                 dict(expected.cached or {}), dict(actual.cached),
                 label=_key_label), note, compare))
         return panels
+
+    # A step of align-mode Mamba groups only (the machine generates it only there).
+    def _NewStep(self, step: NewStep) -> None:
+        if not self.several_groups:
+            raise ValueError(f"{step!r} is a step of a model of KV-cache groups; this example configured one group")
+        self._groups_NewStep(step)
 
     def _one_only(self, step: object) -> None:
         if self.several_groups:

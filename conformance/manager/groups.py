@@ -51,6 +51,7 @@ from .. import invariants, steps
 from ..adapter import Lookup, Observation
 from ..engines.reference import ReferenceEngine
 from ..harness.capabilities import mode_rule
+from .align import AlignJudge
 
 NULL_BLOCK_ID = 0
 #: The rule of each kind's skipped-token count.
@@ -61,7 +62,7 @@ def _diff(label: str, expected: object, actual: object) -> str:
     return f"{label}: reference {expected!r}, engine {actual!r}"
 
 
-class GroupsJudge:
+class GroupsJudge(AlignJudge):
     """The manager driver's handlers for a model of several KV-cache groups (a mixin of
     :class:`~.driver.ManagerDriver`, whose state it reads: ``model``, ``setup``, ``config`` and
     ``running``, the requests allocated since they arrived or were preempted)."""
@@ -84,6 +85,13 @@ class GroupsJudge:
               lambda: _diff("free blocks", expected.num_free_blocks, actual.num_free_blocks))
         if actual.cached is not None:
             self._judge_views(expected.cached or {}, actual.cached)
+            if "align_cached" in rules and self.setup.align_groups:
+                # The Mamba groups' keys first (KV-MAMBA-011), then the others' as below.
+                mamba = set(self.setup.align_groups)
+                mine = {k: v for k, v in (expected.cached or {}).items() if k[1] in mamba}
+                theirs = {k: v for k, v in actual.cached.items() if k[1] in mamba}
+                check(rules["align_cached"], mine == theirs,
+                      lambda: _diff("cache map of the Mamba groups", _short(mine), _short(theirs)))
             if rules["cached"] == "KV-SWA-011":
                 # A sliding-window block the spec caches and the engine does not is KV-SWA-012's,
                 # before the maps are compared (caching more is KV-SWA-011's).
@@ -188,6 +196,7 @@ class GroupsJudge:
         self._remember_hashes(step.request_id)
 
     def _groups_Free(self, step: steps.Free) -> None:
+        pages = self._mamba_pages(step.request_id)
         without_partial = self._queue_without_partial_entries(step)
         at_prompt_end = self._queue_with_partial_entries_at_prompt_end(step)
         other_order = self._in_other_free_order(lambda model: model.free(step.request_id, step.preempted))
@@ -205,6 +214,11 @@ class GroupsJudge:
                 seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
                 self.verdicts.check("KV-HLC-006", seen != queue, lambda how=how, seen=seen: _diff(
                     f"free queue (the engine's is the one where {how})", self.model.observe().free_queue, seen))
+        if len(pages) > 1:  # an align-mode Mamba table is released tail first, its nulls skipped
+            seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
+            mine = self.model.observe().free_queue
+            self.verdicts.check("KV-MAMBA-012", not self._align_free_rule(pages, mine, seen), lambda: _diff(
+                f"free queue (the Mamba pages {sorted(pages)} of {step.request_id} in another order)", mine, seen))
         actual = self._groups_judge(_rules("KV-HLC-004", tables="KV-LIFE-009"))
         self.verdicts.check("KV-LIFE-009", step.request_id not in actual.block_tables,
                             lambda: f"{step.request_id} still holds {actual.block_tables[step.request_id]}")
@@ -313,33 +327,54 @@ class GroupsJudge:
         if waiting:
             hit = self._groups_lookup(step.request_id)
         new = min(step.num_new_tokens, request.num_tokens - request.num_computed_tokens - hit.num_tokens)
+        drafts = step.num_draft_tokens
+        align = self.setup.align_groups
+        if align:  # the scheduler's chunk rule for align-mode Mamba groups (KV-MAMBA-016)
+            new, drafts = self._align_chunk(step.request_id, hit.num_tokens, new, drafts)
         if new <= 0:
             return  # nothing to compute: the scheduler would not schedule it
         encoder = self.setup.num_encoder_tokens
         # The count the allocation frees the skipped blocks at (KV-SWA-007), asked first: a
         # wrong count shows next only as the null prefix it leaves.
         self._judge_skipped(min(request.num_computed_tokens + hit.num_tokens, self.setup.max_model_len))
-        arguments = (step.request_id, new + step.num_draft_tokens, hit.num_tokens, step.num_lookahead_tokens,
+        arguments = (step.request_id, new + drafts, hit.num_tokens, step.num_lookahead_tokens,
                      step.delay_cache_blocks, encoder)
         # A running request's allocation frees the blocks its windows skipped (KV-SWA-007): where
         # they go decides which blocks it takes. (A hit's skipped blocks are cached ones, which
         # both orders put at the back.)
         computed = min(request.num_computed_tokens, self.setup.max_model_len)
-        frees = not waiting and any(kind in spec.WINDOWED_KINDS and spec.skipped_tokens(kind, param, computed) >= size
-                                    for kind, size, param in self.setup.groups)
+        # (A running request's Mamba states are retired before the allocation, KV-MAMBA-010.)
+        frees = not waiting and (bool(align) or any(
+            kind in spec.WINDOWED_KINDS and spec.skipped_tokens(kind, param, computed) >= size
+            for kind, size, param in self.setup.groups))
         other = self._in_other_free_order(lambda model: model.allocate(*arguments)) if frees else None
+        before_tables = self._align_tables(step.request_id) if align else {}
+        growth = self._align_growth(step.request_id, hit, min(computed + hit.num_tokens, self.setup.max_model_len)
+                                    + new + drafts) if align else {}
+        before = copy.deepcopy(self.model) if align and hit.num_tokens else self.model
+        deferred = bool(align) and waiting and self._deferred_hit(hit)
         expected = self.model.allocate(*arguments)
-        actual = self.call("allocate", *arguments, rule="KV-HLC-001")
+        # An engine failing inside the allocation: where the Mamba table is longer than the step
+        # needs, the negative need's (KV-MAMBA-008); where the step's checkpoint has no key, that
+        # rule's (KV-MAMBA-017).
+        call_rule = ("KV-MAMBA-008" if any(n < 0 for n in growth.values())
+                     else "KV-MAMBA-017" if align and expected is not None and self._checkpoint_past_hashes(
+                         step.request_id) else "KV-HLC-001")
+        actual = self.call("allocate", *arguments, rule=call_rule)
         check = self.verdicts.check
         if other is not None and (expected is None) == (actual is None):
             self._judge_free_order(other[1], _blocks(actual), _blocks(expected), _blocks(other[0]))
+        if align:
+            self._judge_align_outcome(before, arguments, expected, actual, growth, hit, deferred)
         check("KV-HYB-012", (expected is None) == (actual is None), lambda: (
-            f"allocate_slots({step.request_id}, {new + step.num_draft_tokens} new, hit {hit.num_tokens}): "
+            f"allocate_slots({step.request_id}, {new + drafts} new, hit {hit.num_tokens}): "
             f"reference {'fails' if expected is None else 'succeeds'}, engine "
             f"{'fails' if actual is None else 'succeeds'}"))
+        retired = bool(align) and self._align_retired(before_tables, step.request_id)
         if actual is None:
-            # KV-SWA-008: the skipped blocks were freed even though the allocation failed.
-            self._groups_judge(_rules("KV-SWA-008"))
+            # KV-SWA-008 (KV-MAMBA-010 for retired states): the skipped blocks were freed even
+            # though the allocation failed.
+            self._groups_judge(_rules("KV-MAMBA-010" if retired else "KV-SWA-008"))
             return
         self.running.add(step.request_id)
         self.model.advance(step.request_id, new)
@@ -363,8 +398,10 @@ class GroupsJudge:
                     check("KV-CROSS-002", not adopted, lambda g=g, adopted=adopted: (
                         f"{step.request_id} holds cross-attention blocks {adopted} in group {g} that its "
                         f"allocation did not give it (new blocks {list(actual[g])})"))
+        if align:  # the Mamba tables and what the allocation returned for them, first
+            self._judge_align_tables(step.request_id, before_tables, theirs, actual, expected)
         layouts = [[[b == NULL_BLOCK_ID for b in t] for t in tables_] for tables_ in (mine, theirs)]
-        if len(mine) == len(theirs):
+        if len(mine) == len(theirs) and not align:
             for (kind, _, _), a, b in zip(groups, *layouts):
                 if kind == hybrid_spec.MAMBA:  # a Mamba group's table has a rule of its own
                     check(mode_rule("mamba_free_lag", self.verdicts.capabilities.mamba_free_lag), a == b,
@@ -373,9 +410,11 @@ class GroupsJudge:
               lambda: _diff(f"null entries in the tables of {step.request_id}", mine, theirs))
         check("KV-POOL-004", _blocks(actual) == _blocks(expected),
               lambda: _diff("newly allocated blocks per group", expected, actual))
-        after = self._groups_judge(_rules("KV-HLC-002", tables=tables, ref_counts="KV-POOL-008",
-                                   free_queue="KV-HLC-001", cached=self._caching_rule()),
-                                   peek=self._eagle_peek_keys(step.request_id))
+        judged = _rules("KV-HLC-002", tables=tables, ref_counts="KV-POOL-008",
+                        free_queue="KV-MAMBA-010" if retired else "KV-HLC-001", cached=self._caching_rule())
+        if align:
+            judged["align_cached"] = "KV-MAMBA-017" if self._checkpoint_past_hashes(step.request_id) else "KV-MAMBA-011"
+        after = self._groups_judge(judged, peek=self._eagle_peek_keys(step.request_id))
         for (kind, size, _), table in zip(groups, after.block_tables.get(step.request_id, ())):
             if kind == spec.CROSS_ATTENTION:
                 check("KV-CROSS-001", len(table) == cdiv(encoder, size), lambda table=table, size=size: (

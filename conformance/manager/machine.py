@@ -117,7 +117,7 @@ MANAGER = register_suite(SuiteDef(
                 "evict", "reset_prefix_cache", "common_prefix_blocks", "observe"),
     returns=RETURNS, driver=ManagerDriver, machine=ManagerMachine, module="kvoracle.conformance.manager",
     step_names=("AddRequest", "AppendTokens", "CommonPrefix", "Configure", "ConfigureGroups", "EmptyAllocation",
-                "Evict", "Free", "ManagerConfig", "Observe", "Probe", "ResetPrefixCache", "Schedule"),
+                "Evict", "Free", "ManagerConfig", "NewStep", "Observe", "Probe", "ResetPrefixCache", "Schedule"),
     engines={"reference": "kvoracle.conformance.engines.reference:ReferenceEngine",
              "vllm": "kvoracle.conformance.engines.vllm:VllmEngine",
              "gpu": "kvoracle.conformance.engines.gpu:GpuEngine",
