@@ -125,6 +125,21 @@ ZOO: tuple[Bug, ...] = (
         "the positional read can persist a null, freed or draft block's bytes under a valid prefix "
         "hash. 0.29.0 never stores Mamba chunks (its store_mask docstring says why). No issue was "
         "found; the fix is read in the code"),
+    Bug("mamba-draft-checkpoint", "An align-mode checkpoint past the drafts' committed tokens fails an assertion",
+        ">=0.32.0", "unfixed", "KV-MAMBA-017", "manager", "",
+        "https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py",
+        "a decode step with at least a Mamba block of draft tokens can reserve a prefill checkpoint "
+        "past the request's hashed tokens; caching it asserts in BlockPool.cache_partial_block after "
+        "the allocation took its blocks (docs/findings/mamba-draft-checkpoint.md). Found by kvoracle; "
+        "checkpoint alignment, and so the manager suite's align mode on vLLM, begins with 0.32"),
+    Bug("mamba-negative-need", "An align-mode Mamba need goes negative and hides another group's need",
+        ">=0.32.0", "unfixed", "KV-MAMBA-008", "manager", "",
+        "https://github.com/vllm-project/vllm/blob/v0.33.0/vllm/v1/core/single_type_kv_cache_manager.py",
+        "after rejected drafts the Mamba table is longer than the step needs; the unfloored negative "
+        "count lets allocate_slots pass its capacity check and raise in get_new_blocks instead of "
+        "returning None (docs/findings/mamba-negative-need.md). The code has it from 0.15.1; the "
+        "suite judges align mode from 0.32 (earlier align modes are not specified), so the zoo "
+        "convicts it there"),
 )
 
 

@@ -89,10 +89,15 @@ def _refcounts_balanced(manager: KVCacheManager) -> bool:
 
 
 def _nulls_placed(manager: KVCacheManager) -> bool:
-    """KV-HYB-013, and KV-MAMBA-013 for an align-mode Mamba table (nulls anywhere, but not at its end)."""
+    """KV-HYB-013 for every table but an align-mode Mamba one."""
+    return all(spec.table_nulls_ok(group.kind, tuple(b.is_null for b in table))
+               for group in manager.groups if not group.align for table in group.req_to_blocks.values())
+
+
+def _align_tables_end_in_pages(manager: KVCacheManager) -> bool:
+    """KV-MAMBA-013: an align-mode Mamba table has nulls anywhere, but not at its end."""
     return all(mamba_spec.align_table_ok(tuple(b.is_null for b in table), group.num_speculative_blocks)
-               if group.align else spec.table_nulls_ok(group.kind, tuple(b.is_null for b in table))
-               for group in manager.groups for table in group.req_to_blocks.values())
+               for group in manager.groups if group.align for table in group.req_to_blocks.values())
 
 
 def _state(manager: KVCacheManager) -> tuple:
@@ -160,6 +165,9 @@ def _cached_as_specified(manager: KVCacheManager, request: Request, OLD: object)
                      enabled=ENABLED)
 @icontract.invariant(lambda self: _nulls_placed(self),
                      "KV-HYB-013: no null in full or cross tables, nulls only as a windowed prefix",
+                     enabled=ENABLED)
+@icontract.invariant(lambda self: _align_tables_end_in_pages(self),
+                     "KV-MAMBA-013: an align-mode Mamba table ends with its running and speculative pages",
                      enabled=ENABLED)
 class KVCacheManager:
     """The KV-cache manager a scheduler talks to, over one or several KV-cache groups.

@@ -318,11 +318,16 @@ class GroupsRules:
         if request_id not in self.driver.model.requests or self.driver.dead:
             return
         self.driver.apply(AppendTokens(request_id, data.draw(token, label="token")))
-        lookahead = st.integers(1, 3 * _alignment(setup))
+        # Mostly the pool one block short: where a need that is too small shows.
         tight = self._first_failing_lookahead(request_id)
-        if tight:  # the pool one block short: where a need that is too small shows
-            lookahead |= st.just(tight)
+        lookahead = st.just(tight) if tight and data.draw(st.integers(0, 3), label="tight look-ahead") else \
+            st.integers(1, 3 * _alignment(setup))
         self.driver.apply(Schedule(request_id, 1, 0, data.draw(lookahead, label="num_lookahead_tokens")))
+
+    @precondition(lambda self: bool(self._decoding_align()))
+    @rule(data=st.data())
+    def reject_drafts_again(self, data: st.DataObject) -> None:
+        self.reject_drafts(data)  # twice the weight: it needs a model, a request and a pool to line up
 
     def _first_failing_lookahead(self, request_id: str) -> int:
         """The smallest look-ahead with which the reference's next one-token step fails, or 0."""
