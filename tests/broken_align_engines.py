@@ -1,5 +1,6 @@
 """Broken align-mode Mamba groups: the reference's single-type manager with one of chapter 8's
-behaviours wrong each, for tests/test_mamba_align_suite.py.
+behaviours wrong each, for tests/test_mamba_align_suite.py (built into an engine by
+:func:`broken_groups.groups_engine`).
 
 Each class changes what an engine would get wrong, after the reference has done it right where
 it can (so the reference's own contracts on the step hold and the difference is the engine's
@@ -12,38 +13,10 @@ from collections.abc import Sequence
 
 import icontract
 
-from kvoracle.conformance.engines.reference import ReferenceEngine
-from kvoracle.reference import KVCacheManager, Request, SingleTypeManager
+from kvoracle.reference import Request, SingleTypeManager
 from kvoracle.reference.block import KVCacheBlock
 from kvoracle.reference.free_queue import FreeBlockQueue
-from kvoracle.reference.hybrid import HybridConfig
 from kvoracle.spec import mamba as mamba_spec
-
-
-def groups_engine(groups_class: type[SingleTypeManager]) -> type[ReferenceEngine]:
-    """The reference engine with every group built as ``groups_class``."""
-    class Manager(KVCacheManager):
-        def __init__(self, config: HybridConfig) -> None:
-            super().__init__(config)
-            self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
-                                             g.eagle, g.num_speculative_blocks,
-                                             mamba_cache_mode="align" if g.align else "none",
-                                             num_prefill_checkpoint_blocks=int(g.has_checkpoint_blocks),
-                                             prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
-                                for g in self.groups)
-
-        def _cache(self, request: Request, num_tokens: int) -> None:
-            # Without the reference's own postcondition on what it caches (KV-HLC-005), which
-            # would stop a broken engine before the suite judges it.
-            KVCacheManager._cache.__wrapped__(self, request, num_tokens)
-
-        def _allocate(self, *args: object) -> object:
-            # Without the reference's postconditions on the summed need (KV-HYB-012, KV-HLC-002),
-            # for the same reason.
-            return KVCacheManager._allocate.__wrapped__(self, *args)
-
-    return type(f"Broken_{groups_class.__name__}", (ReferenceEngine,),
-                {"make_manager": lambda self, config: Manager(config)})
 
 
 class ReturnsOnlyNewBlocks(SingleTypeManager):

@@ -7,6 +7,7 @@ hybrid lifecycle suite must convict it with the rule it breaks.
 from __future__ import annotations
 
 import pytest
+from broken_groups import groups_engine
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -259,26 +260,6 @@ class MambaKeepsEveryState(SingleTypeManager):
         return 0 if self.kind == MAMBA else super().skipped_tokens(num_computed_tokens)
 
 
-def _engine(groups_class: type[SingleTypeManager]) -> type[ReferenceEngine]:
-    class Manager(KVCacheManager):
-        def __init__(self, config: HybridConfig) -> None:
-            super().__init__(config)
-            self.groups = tuple(groups_class(g.group_id, g.kind, g.block_size, g.param, g.pool, g.coordinator,
-                                             g.eagle, g.num_speculative_blocks,
-                                             mamba_cache_mode="align" if g.align else "none",
-                                             num_prefill_checkpoint_blocks=int(g.has_checkpoint_blocks),
-                                             prefill_checkpoint_alignment=g.prefill_checkpoint_alignment)
-                                for g in self.groups)
-
-        def _cache(self, request: Request, num_tokens: int) -> None:
-            # Without the reference's own postcondition on what it caches (KV-HLC-005), which
-            # would stop a broken engine before the suite judges it.
-            KVCacheManager._cache.__wrapped__(self, request, num_tokens)
-
-    return type(f"Broken_{groups_class.__name__}", (ReferenceEngine,),
-                {"make_manager": lambda self, config: Manager(config)})
-
-
 #: Fixed step lists that expose each bug, and the rule each must be convicted of.
 SWA_MODEL = ConfigureGroups(((FULL, 2, 0), (SWA, 1, 2)), 1, 40, 32)
 CASES = {
@@ -306,7 +287,7 @@ CASES = {
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
     groups_class, rule_id, steps = CASES[name]
-    engine = _engine(groups_class)
+    engine = groups_engine(groups_class)
     replay("hybrid-lifecycle", ReferenceEngine, steps)  # the reference passes the case
     with pytest.raises(RuleViolation) as failure:
         replay("hybrid-lifecycle", engine, steps)
@@ -329,7 +310,7 @@ EXAMPLES = {"Mamba keeps every state": 300}
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
     groups_class, rule_id, _ = CASES[name]
-    result = run_suite(_engine(groups_class), RunOptions(max_examples=EXAMPLES.get(name, 150),
+    result = run_suite(groups_engine(groups_class), RunOptions(max_examples=EXAMPLES.get(name, 150),
                                                          max_rounds=ROUNDS.get(name, 1),
                                                          replay_dir=tmp_path), suite="hybrid-lifecycle")
     failed = {o.rule_id for o in result.verdicts.outcomes.values() if o.counterexamples or o.errors}
