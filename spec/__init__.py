@@ -21,6 +21,7 @@ from . import (
     kv_cache_spec,
     lifecycle,
     mamba,
+    prefix_tree,
     sliding_window,
 )
 from .config import ConfigError, validate_config
@@ -28,7 +29,7 @@ from .registry import Rule, all_rules, get_rule
 
 CHAPTERS = (config, kv_cache_spec, hashing, block_pool, full_attention, lifecycle, sliding_window,
             chunked_local, mamba, cross_attention, hybrid, hybrid_lifecycle,
-            data_integrity, external_store)
+            data_integrity, external_store, prefix_tree)
 
 __all__ = [
     "CHAPTERS",

@@ -34,7 +34,7 @@ RULE_ID_PATTERN = re.compile(r"^KV-[A-Z]+-\d{3}$")
 RULE_KINDS = ("normative", "divergence", "validation")
 
 #: The conformance suites that judge rules against engines (``kvoracle check --suite``).
-SUITES = ("manager", "hybrid", "external-store")
+SUITES = ("manager", "hybrid", "external-store", "prefix-tree")
 
 #: The engine capabilities a rule can need: the flags of
 #: ``kvoracle.conformance.adapter.Capabilities`` (the spec does not import the

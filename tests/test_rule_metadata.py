@@ -48,7 +48,7 @@ def test_needs_names_are_capability_flags() -> None:
 
 
 def test_judged_by_names_only_the_four_suites() -> None:
-    assert SUITES == ("manager", "hybrid", "external-store")
+    assert SUITES == ("manager", "hybrid", "external-store", "prefix-tree")
     assert all(set(rule.judged_by) <= set(SUITES) for rule in all_rules())
 
 
@@ -69,6 +69,7 @@ def test_metadata_the_suites_rely_on() -> None:
     assert get_rule("KV-HLC-003").needs == ("kv_cache_groups",)
     assert get_rule("KV-DATA-001").needs == ("kv_data",)
     assert get_rule("KV-EXT-001").judged_by == ("external-store",)
+    assert get_rule("KV-TREE-005").judged_by == ("prefix-tree",) and not get_rule("KV-TREE-009").needs
     assert get_rule("KV-HASH-006").needs == ("hash_block_views",) and get_rule("KV-HASH-006").judged_by == ("manager",)
     assert all(rule.spec_only for rule in all_rules() if rule.kind == "validation")
 

@@ -1,0 +1,446 @@
+"""Chapter 14 -- Prefix trees: a prefix cache over token pages (SGLang's radix cache).
+
+The other chapters specify vLLM's design: blocks named by chained hashes in a flat
+cache map, reference counts, a free queue that is also the eviction order. SGLang
+keeps its prefix cache as a *radix tree* over token ids instead, and its scheduler
+drives it through a handful of operations: look a prompt up (``match_prefix``), pin
+the path of a hit while a request uses it (``inc_lock_ref`` / ``dec_lock_ref``),
+insert what a request computed (``insert``), and evict ``n`` tokens of unlocked
+leaves when the allocator runs short (``evict``). This chapter states what such a
+cache promises in terms that fit both designs, and says where vLLM's rules of the
+earlier chapters are the stricter refinements of a statement made here.
+
+**Pages and paths.** A cache with page size ``P`` stores KV in pages of ``P`` token
+slots. Page ``j`` of a request of ``n`` tokens in namespace ``s`` is named by ``s``
+and the request's first ``(j + 1) * P`` tokens: two requests share the page exactly
+when they share those tokens and the namespace (vLLM names the same thing by a
+chained block hash, KV-HASH-004). A page's *parent* is page ``j - 1`` of the same
+prefix. Only full pages are stored: a request's last ``n % P`` tokens never are.
+The cache *holds* a page when a lookup can return it. A prefix tree holds the
+parent of every page it holds (KV-TREE-006): it forgets pages leaves first.
+
+**Lookups** (KV-TREE-001 .. KV-TREE-004). A lookup of ``n`` tokens answers a hit of
+``h`` tokens and the ``h`` slots that hold them. ``h`` is a multiple of ``P`` and at
+most ``n`` (KV-TREE-001); it is the longest run of held pages from page 0
+(KV-TREE-003); and every slot of the hit holds the KV written for that very token
+after that very prefix, in the request's own namespace (KV-TREE-002, KV-TREE-004).
+vLLM refines these: its hit is bounded by a ``max_length`` as well (KV-FULL-004),
+its scheduler-facing lookup by ``n - 1`` tokens (KV-LIFE-001: SGLang leaves that cap
+to its scheduler, which asks for ``n - 1`` tokens itself), and its hit blocks are the
+first blocks cached under the keys (KV-FULL-002). A lookup changes what the cache
+holds in no way (KV-TREE-013); it may refresh recency (below).
+
+**Locks** (KV-TREE-005, KV-TREE-014). A request that uses a hit locks its path: every
+page from page 0 to the hit's last page counts the lock, and counts it once whatever
+shape the engine's tree takes. A page with a lock count above 0 is never evicted
+(KV-TREE-005; vLLM's form is the reference count: a referenced block is never free,
+KV-POOL-010, and the counts balance the tables, KV-POOL-011). Unlocking releases
+exactly what the lock took.
+
+**Insertion** (KV-TREE-012). Inserting the first ``n`` tokens with the slots a request
+wrote them to stores the page-aligned part, ``floor(n / P) * P`` tokens. Where the
+cache already holds a page it keeps its own slots (the first copy stays, as vLLM's
+lookups keep returning the first block, KV-POOL-009); the insertion answers how many
+tokens were already held, ``p``, and the caller still owns its own slots of those
+``p`` tokens (the duplicates it frees). The pages past ``p`` adopt the given slots.
+
+**Eviction** (KV-TREE-005 .. KV-TREE-009). ``evict(n)`` removes unlocked pages that no
+held page descends from -- leaves -- and returns their slots to the allocator. It
+removes at least ``min(n, E)`` tokens when ``E`` tokens are evictable, and reports
+exactly what it removed (KV-TREE-007). An engine that promises least-recently-used
+order removes leaves oldest first: every lookup stamps the pages it covers and every
+insertion the pages of its key, with one clock, and eviction repeatedly removes the
+unlocked leaf with the oldest stamp (:func:`lru_leaf_order`; the pages removed are a
+prefix of that order, KV-TREE-008). SGLang keeps recency per *segment* (a radix
+node: a run of pages stored together) instead of per page: a lookup or insertion
+that enters a segment stamps all of it, the pages past its end included, and then
+splits the segment where it ended; eviction removes whole segments. That is the
+``segment`` recency of KV-TREE-009, which an engine declares in place of KV-TREE-008
+(capability ``tree_recency``). vLLM's eviction order is its free queue (KV-POOL-004,
+KV-POOL-006, KV-POOL-007), which evicts cached blocks whether or not a longer prefix
+is still cached; its rules, not these, judge it.
+
+**Capacity** (KV-TREE-010, KV-TREE-011). The allocator hands out only free slots, and
+at every moment the free slots, the slots the cache holds and the slots requests
+hold outside the cache add up to the capacity (vLLM's form: KV-POOL-010, KV-POOL-012).
+The cache's own account splits what it holds into *protected* tokens, those of locked
+pages, and *evictable* tokens, the rest (SGLang's ``protected_size`` and
+``evictable_size``).
+
+**Namespaces** (KV-TREE-004). A namespace (SGLang's ``extra_key``: a LoRA adapter, a
+cache salt) partitions the cache: a page is never shared between namespaces, even
+for equal tokens (vLLM's form: the extra keys of the block hash, KV-HASH-007).
+
+The functions below state the rules over flat values (tuples of flags, counts,
+stamps), so that CrossHair can check them; the reference
+(:mod:`kvoracle.reference.prefix_tree`) is a prefix tree built on them, and the
+``prefix-tree`` conformance suite judges an engine against it.
+"""
+
+from __future__ import annotations
+
+import icontract
+
+from .contracts import ENABLED
+from .registry import INPUT_VALIDATION, defines, rule
+
+CHAPTER = "prefix_tree"
+SUITE = ("prefix-tree",)
+RADIX = "sglang/srt/mem_cache/radix_cache.py (SGLang 0.5.23)"
+ALLOC = "sglang/srt/mem_cache/allocator/"
+
+#: The two recency modes an engine that promises LRU eviction declares (capability ``tree_recency``).
+PAGE_RECENCY = "page"
+SEGMENT_RECENCY = "segment"
+RECENCY_MODES = (PAGE_RECENCY, SEGMENT_RECENCY)
+
+KV_TREE_001 = rule(
+    "KV-TREE-001",
+    "A hit is a page-aligned prefix of the request",
+    """A lookup of n tokens answers a hit of h tokens with 0 <= h <= n, h a multiple of the page size,
+    and exactly h slots. vLLM's refinements: the hit is also at most max_length (KV-FULL-004), and the
+    manager's lookup caps it at n - 1 tokens (KV-LIFE-001).""",
+    source=f"{RADIX} RadixCache.match_prefix (RadixKey.page_aligned, MatchResult.device_prefix_len)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_002 = rule(
+    "KV-TREE-002",
+    "A hit's slots hold the request's own KV",
+    """Slot i of a hit holds the KV written for token i of a sequence whose first i + 1 tokens are the
+    request's first i + 1 tokens, and the hit's slots are the slots the cache holds for those pages: the
+    cache returns only KV it really holds for this prefix. vLLM's
+    refinements: hit blocks are the blocks cached under the chained hashes of the prefix (KV-FULL-002,
+    KV-HASH-004), and the data rules of chapter 5 (KV-DATA-001).""",
+    source=f"{RADIX} RadixCache._match_prefix_helper (node values along the matched path)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_003 = rule(
+    "KV-TREE-003",
+    "The hit is the longest held prefix",
+    """The hit is the longest run of pages, from page 0 of the request, that the cache holds in the
+    request's namespace. vLLM's refinement: KV-FULL-001 (the longest run of cached block hashes,
+    within max_length).""",
+    source=f"{RADIX} RadixCache._match_prefix_helper",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_004 = rule(
+    "KV-TREE-004",
+    "Namespaces never share a hit",
+    """A request in namespace s never hits KV stored under another namespace, even for equal tokens: no
+    slot of its hit holds KV written for a request of another namespace. vLLM's refinement: the cache
+    salt and LoRA extra keys of the block hash (KV-HASH-007).""",
+    source=f"{RADIX} RadixKey.child_key / RadixKey._check_compatible (extra_key, cache_salt)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_005 = rule(
+    "KV-TREE-005",
+    "Locked pages are never evicted",
+    """A page whose lock count is above 0 (a request holding a lock on a path through it) stays held
+    until every such lock is released. vLLM's refinement: a block with a reference count above 0 is
+    never free (KV-POOL-010).""",
+    source=f"{RADIX} RadixCache.evict (evictable_leaves), inc_lock_ref, _update_leaf_status",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_006 = rule(
+    "KV-TREE-006",
+    "The cache forgets leaves first",
+    """The cache holds the parent of every page it holds: eviction removes a page only together with, or
+    after, every held page that descends from it. (vLLM's block pool does not promise this: it evicts
+    any free block, KV-POOL-005, and its lookups stop at the first missing block, KV-FULL-001.)""",
+    source=f"{RADIX} RadixCache.evict (leaves only; a parent is queued once its last child is gone)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_007 = rule(
+    "KV-TREE-007",
+    "evict(n) removes at least what it can of n tokens and reports it",
+    """evict(n) removes at least min(n, E) tokens when E tokens are evictable (held in unlocked pages),
+    never more than E, returns their slots to the allocator, and reports the number of tokens it
+    removed.""",
+    source=f"{RADIX} RadixCache.evict (num_tokens_evicted, token_to_kv_pool_allocator.free_segment)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_008 = rule(
+    "KV-TREE-008",
+    "Least recently used leaves go first (page recency)",
+    """Every lookup stamps the pages of its hit and every insertion the pages of its key, from one clock.
+    The pages evict(n) removes are the first pages of the leaf-first LRU order: repeatedly the unlocked
+    page without a held child that has the oldest stamp. An engine declares this recency with
+    tree_recency = "page".""",
+    source=f"{RADIX} RadixCache.evict with eviction_policy 'lru' (evict_policy.LRUStrategy)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_009 = rule(
+    "KV-TREE-009",
+    "Least recently used segments go first (segment recency)",
+    """For an engine that keeps recency per stored segment (tree_recency = "segment": SGLang's radix
+    nodes): a lookup or insertion stamps every segment it enters, the pages past its end included, and
+    splits the segment where it ends; an insertion's new pages form one new segment. The pages evict(n)
+    removes are whole segments and the first pages of the leaf-first LRU order over those stamps.""",
+    source=f"{RADIX} RadixCache._match_prefix_helper / _insert_helper (last_access_time set on the "
+           "child before _split_node), RadixCache.evict (whole leaf nodes)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_010 = rule(
+    "KV-TREE-010",
+    "Capacity balances and allocation hands out free slots only",
+    """An allocation returns distinct slots that neither the cache nor a request holds; after every
+    operation the free slots, the slots the cache holds and the slots requests hold outside the cache
+    add up to the capacity. vLLM's refinements: a block is free iff its count is 0 (KV-POOL-010), and
+    the free count (KV-POOL-012).""",
+    source=f"{ALLOC}token.py TokenToKVPoolAllocator.alloc/free/available_size; "
+           f"{ALLOC}paged.py PagedTokenToKVPoolAllocator",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_011 = rule(
+    "KV-TREE-011",
+    "Protected and evictable sizes split what the cache holds",
+    """The cache's protected size is the number of tokens it holds in pages with a lock count above 0;
+    its evictable size is the number of the other tokens it holds.""",
+    source=f"{RADIX} RadixCache.inc_lock_ref / dec_lock_ref / evictable_size / protected_size",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_012 = rule(
+    "KV-TREE-012",
+    "Insertion keeps the held copy and answers how much was held",
+    """Inserting n tokens with their slots stores the first floor(n / P) * P tokens. It answers p, the
+    longest held prefix of those tokens before the insertion; the pages of the first p tokens keep the
+    slots they had (the caller's own slots for them are duplicates it still owns), and the later pages
+    hold the given slots. vLLM keeps the first copy for its lookups too (KV-POOL-009), without
+    removing the duplicate.""",
+    source=f"{RADIX} RadixCache.insert / _insert_helper (InsertResult.prefix_len); RadixCache._insert_cache "
+           "(frees kv_indices[cache_protected_len:prefix_len])",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_013 = rule(
+    "KV-TREE-013",
+    "Lookups change no content",
+    """A lookup adds no page, removes none and changes no page's slots or lock count (it may refresh
+    recency and reshape the engine's tree). vLLM's refinement: KV-LIFE-016.""",
+    source=f"{RADIX} RadixCache.match_prefix (splits a node without duplicating data)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_014 = rule(
+    "KV-TREE-014",
+    "A lock counts once on every page of its path",
+    """The lock count of a held page is the number of held locks whose path runs through it; locking a
+    hit of h tokens adds 1 to each of its h / P pages, unlocking it subtracts 1 from the same pages,
+    whatever the tree's shape in between. vLLM's refinement: reference counts balance the block tables
+    (KV-POOL-011).""",
+    source=f"{RADIX} RadixCache.inc_lock_ref / dec_lock_ref (walk to the root); _split_node copies lock_ref",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+
+
+# -- lookups --------------------------------------------------------------------------------------
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit, page_size: not result or hit % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit, num_tokens, num_slots: not result or 0 <= hit == num_slots <= num_tokens,
+                  enabled=ENABLED)
+@defines(KV_TREE_001)
+def is_aligned_hit(hit: int, num_slots: int, num_tokens: int, page_size: int) -> bool:
+    """Whether a hit of ``hit`` tokens with ``num_slots`` slots is a page-aligned prefix of ``num_tokens``."""
+    return 0 <= hit <= num_tokens and hit % page_size == 0 and num_slots == hit
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda num_tokens: num_tokens >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, page_size: result % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens: 0 <= result <= num_tokens, enabled=ENABLED)
+@icontract.ensure(lambda result, held, page_size: all(held[:result // page_size]), enabled=ENABLED)
+@icontract.ensure(lambda result, held, num_tokens, page_size:
+                  result // page_size in (len(held), num_tokens // page_size) or not held[result // page_size],
+                  enabled=ENABLED)
+@defines(KV_TREE_003, KV_TREE_012)
+def longest_held_prefix(held: tuple[bool, ...], num_tokens: int, page_size: int) -> int:
+    """The tokens of the longest run of held pages from page 0, among the ``num_tokens // page_size``
+    full pages of the request; ``held[j]`` says whether page ``j`` is held."""
+    limit = min(len(held), num_tokens // page_size)
+    run = 0
+    while run < limit and held[run]:
+        run += 1
+    return run * page_size
+
+
+@icontract.ensure(lambda result, written: all(0 <= i < len(written) for i in result), enabled=ENABLED)
+@icontract.ensure(lambda result, written, namespace, tokens:
+                  all(written[i] == (namespace, tokens[:i + 1]) for i in range(len(written)) if i not in result),
+                  enabled=ENABLED)
+@defines(KV_TREE_002, KV_TREE_004)
+def misread_positions(written: tuple[tuple[int, tuple[int, ...]], ...], namespace: int,
+                      tokens: tuple[int, ...]) -> tuple[int, ...]:
+    """The positions of a hit whose slot does not hold the request's own KV: ``written[i]`` is what
+    slot ``i`` of the hit holds, ``(namespace, prefix)`` of the token written there; position ``i``
+    is right when it is ``(namespace, tokens[:i + 1])``."""
+    return tuple(i for i, content in enumerate(written) if content != (namespace, tokens[:i + 1]))
+
+
+@icontract.ensure(lambda result, written_namespaces, namespace:
+                  all(written_namespaces[i] != namespace for i in result)
+                  and len(result) == sum(1 for s in written_namespaces if s != namespace), enabled=ENABLED)
+@defines(KV_TREE_004)
+def foreign_positions(written_namespaces: tuple[int, ...], namespace: int) -> tuple[int, ...]:
+    """The positions of a hit whose slot holds KV written in another namespace than ``namespace``."""
+    return tuple(i for i, s in enumerate(written_namespaces) if s != namespace)
+
+
+# -- the shape of what is held --------------------------------------------------------------------
+@icontract.require(lambda parents, held: len(parents) == len(held), enabled=ENABLED)
+@icontract.require(lambda parents: all(-1 <= p < len(parents) for p in parents), enabled=ENABLED)
+@icontract.ensure(lambda result, parents, held:
+                  result == all(not h or p < 0 or held[p] for p, h in zip(parents, held)), enabled=ENABLED)
+@defines(KV_TREE_006)
+def is_prefix_closed(parents: tuple[int, ...], held: tuple[bool, ...]) -> bool:
+    """Whether every held page's parent is held: ``parents[i]`` is page ``i``'s parent (-1 for a
+    page 0), ``held[i]`` whether page ``i`` is held."""
+    return all(not held[i] or parents[i] < 0 or held[parents[i]] for i in range(len(held)))
+
+
+# -- eviction -------------------------------------------------------------------------------------
+@icontract.require(lambda asked, evictable, removed: asked >= 0 and evictable >= 0 and removed >= 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, asked, evictable, removed, reported:
+                  not result or (min(asked, evictable) <= removed <= evictable and reported == removed),
+                  enabled=ENABLED)
+@defines(KV_TREE_007)
+def evicted_enough(asked: int, evictable: int, removed: int, reported: int) -> bool:
+    """Whether an ``evict(asked)`` that removed ``removed`` tokens (of ``evictable``) and reported
+    ``reported`` kept its promise."""
+    return min(asked, evictable) <= removed <= evictable and reported == removed
+
+
+@icontract.ensure(lambda result, removed_locks: result == all(c == 0 for c in removed_locks), enabled=ENABLED)
+@defines(KV_TREE_005)
+def evicts_no_locked_page(removed_locks: tuple[int, ...]) -> bool:
+    """Whether every removed page had a lock count of 0 when it was removed."""
+    return all(count == 0 for count in removed_locks)
+
+
+def _children_left(parents: tuple[int, ...], gone: list[bool]) -> list[int]:
+    counts = [0] * len(parents)
+    for i, p in enumerate(parents):
+        if p >= 0 and not gone[i]:
+            counts[p] += 1
+    return counts
+
+
+@icontract.require(lambda parents, stamps, locks: len(parents) == len(stamps) == len(locks), enabled=ENABLED)
+@icontract.require(lambda parents: all(-1 <= p < len(parents) for p in parents), enabled=ENABLED)
+@icontract.require(lambda parents: all(p < i for i, p in enumerate(parents)), enabled=ENABLED)
+@icontract.ensure(lambda result: len(set(result)) == len(result), enabled=ENABLED)
+@icontract.ensure(lambda result, locks: all(locks[i] == 0 for i in result), enabled=ENABLED)
+@icontract.ensure(lambda result, parents:
+                  all(result.index(c) < result.index(parents[c]) for c in result if parents[c] in result),
+                  enabled=ENABLED)
+@defines(KV_TREE_008, KV_TREE_009)
+def lru_leaf_order(parents: tuple[int, ...], stamps: tuple[int, ...], locks: tuple[int, ...]) -> tuple[int, ...]:
+    """The order in which eviction removes pages: repeatedly the unlocked page without a remaining
+    child that has the oldest stamp (the lower index first among equal stamps). Pages are listed
+    parents first (``parents[i] < i``); a page with a locked descendant never becomes a leaf, so
+    the order holds exactly the pages eviction can remove."""
+    gone = [False] * len(parents)
+    order: list[int] = []
+    while True:
+        children = _children_left(parents, gone)
+        leaves = [i for i in range(len(parents)) if not gone[i] and children[i] == 0 and locks[i] == 0]
+        if not leaves:
+            return tuple(order)
+        oldest = min(leaves, key=lambda i: (stamps[i], i))
+        gone[oldest] = True
+        order.append(oldest)
+
+
+@icontract.require(lambda order: len(set(order)) == len(order), enabled=ENABLED)
+@icontract.ensure(lambda result, removed, order: not result or set(removed) == set(order[:len(removed)]),
+                  enabled=ENABLED)
+@defines(KV_TREE_008, KV_TREE_009)
+def removes_an_lru_prefix(removed: tuple[int, ...], order: tuple[int, ...]) -> bool:
+    """Whether the pages ``removed`` (in any order) are the first ``len(removed)`` pages of ``order``."""
+    return len(set(removed)) == len(removed) and set(removed) == set(order[:len(removed)])
+
+
+@icontract.require(lambda hit_pages, pages_after: hit_pages >= 0 and pages_after >= 0, enabled=ENABLED)
+@icontract.require(lambda recency: recency in RECENCY_MODES, enabled=ENABLED)
+@icontract.ensure(lambda result, hit_pages, recency: result == hit_pages or recency == SEGMENT_RECENCY,
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, hit_pages, pages_after: hit_pages <= result <= hit_pages + pages_after,
+                  enabled=ENABLED)
+@defines(KV_TREE_008, KV_TREE_009)
+def pages_stamped(hit_pages: int, pages_after: int, recency: str) -> int:
+    """How many pages along a lookup's or insertion's path it stamps: the ``hit_pages`` it covers,
+    and with segment recency also the ``pages_after`` its last entered segment has past its end
+    (none when it covers no page)."""
+    if recency == SEGMENT_RECENCY and hit_pages > 0:
+        return hit_pages + pages_after
+    return hit_pages
+
+
+# -- capacity -------------------------------------------------------------------------------------
+@icontract.require(lambda free, cached, requests, capacity: min(free, cached, requests, capacity) >= 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, free, cached, requests, capacity: result == (free + cached + requests == capacity),
+                  enabled=ENABLED)
+@defines(KV_TREE_010)
+def capacity_balances(free: int, cached: int, requests: int, capacity: int) -> bool:
+    """Whether ``free`` slots, the ``cached`` slots the cache holds and the slots ``requests`` hold
+    outside it add up to ``capacity``."""
+    return free + cached + requests == capacity
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda page_locks: all(c >= 0 for c in page_locks), enabled=ENABLED)
+@icontract.ensure(lambda result, page_locks, page_size: result[0] + result[1] == len(page_locks) * page_size,
+                  enabled=ENABLED)
+@defines(KV_TREE_011)
+def cache_sizes(page_locks: tuple[int, ...], page_size: int) -> tuple[int, int]:
+    """``(evictable, protected)`` tokens of a cache whose held pages have these lock counts."""
+    protected = sum(page_size for count in page_locks if count > 0)
+    return len(page_locks) * page_size - protected, protected
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda hit: hit >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit, page_size: len(result) == hit // page_size, enabled=ENABLED)
+@icontract.ensure(lambda result, counts: all(result[j] == counts[j] + 1 for j in range(min(len(result), len(counts)))),
+                  enabled=ENABLED)
+@defines(KV_TREE_014)
+def locked_counts(counts: tuple[int, ...], hit: int, page_size: int) -> tuple[int, ...]:
+    """The lock counts of a path's first ``hit // page_size`` pages after a lock on a hit of ``hit``
+    tokens, given their counts before (``counts``; a page not listed counted 0)."""
+    return tuple((counts[j] if j < len(counts) else 0) + 1 for j in range(hit // page_size))
+
+
+KV_TREE_015 = rule(
+    "KV-TREE-015",
+    "A prefix tree's page size and capacity are positive",
+    """A prefix tree has a page size of at least 1 token and a capacity of at least one page; slots are
+    allocated in whole pages. kvoracle refuses anything else before an engine sees it.""",
+    source="kvoracle input validation (kvoracle.reference.prefix_tree)",
+    chapter=CHAPTER,
+    kind="validation",
+    spec_only=INPUT_VALIDATION,
+)
+
+
+@icontract.ensure(lambda result: result in ("", "page_size", "num_pages"), enabled=ENABLED)
+@defines(KV_TREE_015)
+def first_invalid_tree_parameter(page_size: int, num_pages: int) -> str:
+    """The first impossible parameter of a prefix tree, or ``""``."""
+    if page_size < 1:
+        return "page_size"
+    if num_pages < 1:
+        return "num_pages"
+    return ""
