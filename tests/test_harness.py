@@ -167,7 +167,7 @@ def test_a_death_in_the_first_of_the_default_suites_keeps_its_verdicts(tmp_path:
     data = json.loads(report.read_text())
     assert [run["suite"] for run in data["suites"]] == ["manager"]
     assert "SIGSEGV" in data["incomplete_reason"]
-    assert set(data["unsupported_suites"]) == {"hybrid", "external-store"}
+    assert set(data["unsupported_suites"]) == {"hybrid", "external-store", "prefix-tree"}
     charged = [rule for rule in data["rules"] if rule["outcome"] == "error"]
     assert charged and "the process died (SIGSEGV)" in charged[0]["counterexamples"][0]["message"], output
 
@@ -292,7 +292,7 @@ def test_without_suite_every_suite_the_adapter_offers_runs(tmp_path: Path) -> No
                   "--json", str(report))
     data = json.loads(report.read_text())
     assert [s["suite"] for s in data["suites"]] == ["hybrid"], done.stdout + done.stderr
-    assert set(data["unsupported_suites"]) == {"manager", "external-store"}
+    assert set(data["unsupported_suites"]) == {"manager", "external-store", "prefix-tree"}
     assert "lacks" in data["unsupported_suites"]["manager"]
 
 

@@ -14,6 +14,10 @@ COMMON_PREFIX_MODES = ("zero", "cascade", "none")
 #: How freed blocks return to the free queue: unhashed ones to the front (KV-POOL-006), or
 #: every one to the back (KV-POOL-016).
 FREE_ORDERS = ("unhashed_first", "append")
+#: How a prefix tree that promises LRU eviction stamps recency (chapter prefix_tree): per page
+#: (KV-TREE-008), per stored segment (KV-TREE-009: SGLang's radix nodes), or not at all ("none":
+#: no eviction order is promised, and neither rule is judged).
+TREE_RECENCIES = ("page", "segment", "none")
 
 #: Rules that hold for one value of a mode-valued capability: rule id -> (capability, value).
 #: The rule of another mode is not applicable (its refinement is judged instead).
@@ -24,6 +28,8 @@ MODE_RULES = {
     "KV-POOL-016": ("free_order", "append"),
     "KV-HLC-008": ("mamba_free_lag", False),
     "KV-HLC-009": ("mamba_free_lag", True),
+    "KV-TREE-008": ("tree_recency", "page"),
+    "KV-TREE-009": ("tree_recency", "segment"),
 }
 
 
@@ -81,6 +87,8 @@ class Capabilities:
     #: chapter 8), checkpoint settings included, and offers ``new_step()``, the scheduler's
     #: call at the start of each step (``KVCacheManager.new_step_starts``, KV-MAMBA-009).
     mamba_align: bool = False
+    #: The prefix-tree suite's eviction order: one of :data:`TREE_RECENCIES`.
+    tree_recency: str = attrs.field(default="page")
 
     @common_prefix.validator
     def _check_mode(self, attribute: attrs.Attribute, value: str) -> None:
@@ -91,3 +99,8 @@ class Capabilities:
     def _check_free_order(self, attribute: attrs.Attribute, value: str) -> None:
         if value not in FREE_ORDERS:
             raise ValueError(f"free_order must be one of {FREE_ORDERS}, got {value!r}")
+
+    @tree_recency.validator
+    def _check_tree_recency(self, attribute: attrs.Attribute, value: str) -> None:
+        if value not in TREE_RECENCIES:
+            raise ValueError(f"tree_recency must be one of {TREE_RECENCIES}, got {value!r}")

@@ -1,0 +1,130 @@
+"""SGLang's real radix prefix cache behind the prefix-tree suite's protocol.
+
+:class:`SGLangRadixCache` builds, per configuration, SGLang 0.5.23's ``RadixCache`` over its
+real token allocator -- ``TokenToKVPoolAllocator`` for a page size of 1,
+``PagedTokenToKVPoolAllocator`` above -- on the CPU, with no KV tensors (``kvcache=None``: the
+cache and the allocator only move indices) and LRU eviction, and calls them as SGLang's
+scheduler does: ``match_prefix`` / ``inc_lock_ref`` / ``insert`` / ``dec_lock_ref`` / ``evict``,
+``alloc`` / ``free`` on the allocator. Namespaces map to ``extra_key`` (0: none, ``k``:
+``"ns{k}"``). ``observe`` walks the tree: every node's key and value, cut into pages, with the
+node's ``lock_ref``.
+
+SGLang keeps recency per radix node, so the adapter declares ``tree_recency="segment"``
+(KV-TREE-009). Its clock is kvoracle's logical one (:mod:`.sglang_import`). SGLang is
+imported when the adapter is built, never when this module is: ``kvoracle.conformance``
+imports without SGLang installed.
+"""
+
+from __future__ import annotations
+
+from array import array
+from collections.abc import Sequence
+from typing import Any
+
+from ..harness.capabilities import Capabilities
+from ..prefix_tree_protocol import PageView, TreeSetup, TreeView
+from .sglang_import import SGLangAPI, import_sglang
+
+
+def extra_key(namespace: int) -> str | None:
+    return None if namespace == 0 else f"ns{namespace}"
+
+
+def namespace_of(key: str | None) -> int:
+    if key is None:
+        return 0
+    if not key.startswith("ns") or not key[2:].isdigit():
+        raise ValueError(f"a tree node's extra_key {key!r} is none kvoracle gave (ns<k>)")
+    return int(key[2:])
+
+
+class SGLangRadixCache:
+    """SGLang 0.5.23's ``RadixCache`` and its token allocator."""
+
+    name = "sglang"
+    #: SGLang's eviction policy (``CacheInitParams.eviction_policy``).
+    eviction_policy = "lru"
+
+    def __init__(self) -> None:
+        self.api: SGLangAPI = import_sglang()
+        self.cache: Any = None
+        self.allocator: Any = None
+        self.page_size = 1
+        self.found: dict[int, Any] = {}
+        self.locked: dict[int, Any] = {}
+
+    def version(self) -> str:
+        return self.api.version
+
+    def capabilities(self) -> Capabilities:
+        return Capabilities(tree_recency="segment")
+
+    # -- building ----------------------------------------------------------------------------------
+    def make_allocator(self, setup: TreeSetup) -> Any:
+        api, size = self.api, setup.num_pages * setup.page_size
+        if setup.page_size == 1:
+            return api.TokenToKVPoolAllocator(size, api.torch.float16, "cpu", None, False)
+        return api.PagedTokenToKVPoolAllocator(size, setup.page_size, api.torch.float16, "cpu", None, False)
+
+    def make_cache(self, allocator: Any, page_size: int) -> Any:
+        params = self.api.CacheInitParams(disable=False, req_to_token_pool=None, token_to_kv_pool_allocator=allocator,
+                                          page_size=page_size, eviction_policy=self.eviction_policy)
+        return self.api.RadixCache(params)
+
+    def configure(self, setup: TreeSetup) -> None:
+        self.page_size = setup.page_size
+        self.allocator = self.make_allocator(setup)
+        self.cache = self.make_cache(self.allocator, setup.page_size)
+        self.found, self.locked = {}, {}
+
+    def key(self, namespace: int, tokens: Sequence[int]) -> Any:
+        return self.api.RadixKey(array("q", tokens), extra_key(namespace))
+
+    def tensor(self, slots: Sequence[int]) -> Any:
+        return self.api.torch.tensor(list(slots), dtype=self.api.torch.int64)
+
+    # -- the protocol ------------------------------------------------------------------------------
+    def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        result = self.cache.match_prefix(self.api.MatchPrefixParams(key=self.key(namespace, tokens)))
+        node = result.last_device_node
+        self.found[handle] = node
+        return int(result.device_prefix_len), tuple(int(s) for s in self.cache.path_device_indices(node).tolist())
+
+    def lock(self, handle: int) -> None:
+        node = self.found[handle]
+        self.cache.inc_lock_ref(node)
+        self.locked[handle] = node
+
+    def unlock(self, handle: int) -> None:
+        self.cache.dec_lock_ref(self.locked.pop(handle))
+
+    def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
+        result = self.cache.insert(self.api.InsertParams(key=self.key(namespace, tokens), value=self.tensor(slots)))
+        self.found[handle] = result.last_device_node
+        return int(result.prefix_len)
+
+    def alloc(self, num_tokens: int) -> tuple[int, ...] | None:
+        slots = self.allocator.alloc(num_tokens)
+        return None if slots is None else tuple(int(s) for s in slots.tolist())
+
+    def free(self, slots: Sequence[int]) -> None:
+        self.allocator.free(self.tensor(slots))
+
+    def evict(self, num_tokens: int) -> int:
+        return int(self.cache.evict(self.api.EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
+
+    def observe(self) -> TreeView:
+        pages: list[PageView] = []
+        size = self.page_size
+        stack = [(child, ()) for child in self.cache.root_node.children.values()]
+        while stack:
+            node, before = stack.pop()
+            tokens = tuple(int(t) for t in node.key.token_ids[:len(node.key)])
+            slots = tuple(int(s) for s in node.value.tolist())
+            namespace = namespace_of(node.key.extra_key)
+            for start in range(0, len(tokens), size):
+                pages.append(PageView(namespace, before + tokens[:start + size], slots[start:start + size],
+                                      int(node.lock_ref)))
+            stack.extend((child, before + tokens) for child in node.children.values())
+        return TreeView(tuple(pages), int(self.cache.evictable_size()), int(self.cache.protected_size()),
+                        int(self.allocator.available_size()))

@@ -1,0 +1,124 @@
+"""The prefix-tree suite: a radix prefix cache and its slot allocator against chapter 14.
+
+The suite drives an engine's prefix cache behind :class:`PrefixTreeAdapter`
+(:mod:`.prefix_tree_protocol`) the way a scheduler does -- requests look their prompt up and
+lock the hit, get slots for the rest, insert what they computed and free their duplicates,
+checkpoint, abort; the scheduler evicts when slots run short -- and judges every answer and
+the state after every step against kvoracle's model (:mod:`.prefix_tree_driver`).
+
+Built-in engines: ``reference`` (kvoracle's :class:`~kvoracle.reference.prefix_tree.PrefixTree`
+and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency) and ``sglang``
+(SGLang 0.5.23's ``RadixCache`` with its token allocators, segment recency;
+``scripts/install_sglang.sh``).
+
+Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|module:Class]``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from kvoracle import __version__
+from kvoracle.reference.prefix_tree import PageAllocator, PageKey, PrefixTree
+
+from .harness.suites import SuiteDef, register_suite
+from .prefix_tree_driver import PrefixTreeMachine, TreeDriver
+from .prefix_tree_protocol import (
+    OPERATIONS,
+    RETURNS,
+    STEP_NAMES,
+    Abort,
+    Arrive,
+    Checkpoint,
+    Compute,
+    Evict,
+    Finish,
+    PageView,
+    Peek,
+    PrefixTreeAdapter,
+    Serve,
+    TreeSetup,
+    TreeView,
+)
+
+__all__ = ["Abort", "Arrive", "Checkpoint", "Compute", "Evict", "Finish", "PageView", "Peek", "PrefixTreeAdapter",
+           "ReferencePrefixTree", "Serve", "TreeSetup", "TreeView"]
+
+
+class ReferencePrefixTree:
+    """kvoracle's reference prefix tree and page allocator behind :class:`PrefixTreeAdapter`."""
+
+    name = "reference"
+
+    def __init__(self) -> None:
+        self.tree: PrefixTree | None = None
+        self.allocator: PageAllocator | None = None
+        #: handle -> the path its last match or insert ended at; handle -> the path it locked.
+        self.found: dict[int, list[PageKey]] = {}
+        self.locked: dict[int, list[PageKey]] = {}
+
+    def version(self) -> str:
+        return __version__
+
+    def configure(self, setup: TreeSetup) -> None:
+        self.allocator = PageAllocator(setup.num_pages, setup.page_size)
+        self.tree = PrefixTree(setup.page_size)
+        self.found, self.locked = {}, {}
+
+    def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        assert self.tree is not None
+        hit, slots = self.tree.match(namespace, tokens)
+        self.found[handle] = self.tree.page_keys(namespace, tokens)[:hit // self.tree.page_size]
+        return hit, slots
+
+    def lock(self, handle: int) -> None:
+        assert self.tree is not None
+        if handle in self.locked:
+            raise ValueError(f"KV-TREE-014: handle {handle} already holds a lock")
+        path = self.found[handle]
+        self.tree.lock(path)
+        self.locked[handle] = path
+
+    def unlock(self, handle: int) -> None:
+        assert self.tree is not None
+        self.tree.unlock(self.locked.pop(handle))
+
+    def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
+        assert self.tree is not None
+        held = self.tree.insert(namespace, tokens, slots)
+        self.found[handle] = self.tree.page_keys(namespace, tokens)
+        return held
+
+    def alloc(self, num_tokens: int) -> tuple[int, ...] | None:
+        assert self.allocator is not None
+        return self.allocator.alloc(num_tokens)
+
+    def free(self, slots: Sequence[int]) -> None:
+        assert self.allocator is not None
+        self.allocator.free(slots)
+
+    def evict(self, num_tokens: int) -> int:
+        assert self.tree is not None and self.allocator is not None
+        pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
+        removed = self.tree.evict(num_tokens)
+        for key in removed:
+            self.allocator.free(pages[key])
+        return len(removed) * self.tree.page_size
+
+    def observe(self) -> TreeView:
+        assert self.tree is not None and self.allocator is not None
+        pages = tuple(PageView(ns, tokens, page.slots, page.locks) for (ns, tokens), page in self.tree.pages.items())
+        evictable, protected = self.tree.sizes()
+        return TreeView(pages, evictable, protected, self.allocator.available())
+
+
+#: The prefix-tree suite, registered with the harness.
+PREFIX_TREE = register_suite(SuiteDef(
+    name="prefix-tree",
+    title="a radix prefix cache's (SGLang's) lookups, locks, insertions, eviction and capacity",
+    operations=OPERATIONS,
+    returns=RETURNS,
+    driver=TreeDriver, machine=PrefixTreeMachine, module=__name__,
+    step_names=STEP_NAMES,
+    engines={"reference": f"{__name__}:ReferencePrefixTree",
+             "sglang": "kvoracle.conformance.engines.sglang:SGLangRadixCache"}))

@@ -1,0 +1,450 @@
+"""The prefix-tree suite's driver and Hypothesis machine.
+
+The driver plays a scheduler over the engine's prefix cache, request by request: a request
+arrives (``match``, then ``lock`` of its hit), gets slots for the rest of its tokens
+(``alloc``, after ``evict`` of what the allocator lacks), and finishes (``insert``, ``free`` of
+its duplicates and of its unaligned tail, ``unlock``), checkpoints (``insert`` while it runs)
+or aborts. kvoracle's model (:class:`kvoracle.reference.prefix_tree.PrefixTree`, in the recency
+the engine declares) follows the same operations; where the engine evicts, the model removes
+exactly what the engine removed once that passed the eviction rules, so that an engine
+without an eviction order is judged on everything else.
+
+The driver also keeps what it wrote to every slot: ``(namespace, the tokens through the
+slot's token)``. A hit must read back exactly that (KV-TREE-002, KV-TREE-004). After every
+step it observes the engine and judges, in this order: the pages held and their slots
+against the model (the step's content rule: KV-TREE-013 for lookups and allocations,
+KV-TREE-012 for insertions, KV-TREE-007 for evictions, KV-TREE-014 for unlocking), the held
+set's shape (KV-TREE-006), the lock counts (KV-TREE-014), the engine's evictable and
+protected sizes (KV-TREE-011) and the capacity (KV-TREE-010).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+from hypothesis import strategies as st
+from hypothesis.stateful import initialize, precondition, rule
+
+from kvoracle.reference.prefix_tree import PageKey, PrefixTree
+from kvoracle.spec import prefix_tree as spec
+
+from .harness.driver import Driver
+from .harness.machine import SuiteMachine
+from .prefix_tree_protocol import (
+    Abort,
+    Arrive,
+    Checkpoint,
+    Compute,
+    Evict,
+    Finish,
+    Peek,
+    Serve,
+    TreeSetup,
+    TreeView,
+)
+
+#: What the driver wrote to a slot: (namespace, the tokens through the slot's token).
+Content = tuple[int, tuple[int, ...]]
+UNWRITTEN: Content = (-1, ())
+
+
+@attrs.define
+class Request:
+    """A request as the driver tracks it."""
+
+    namespace: int
+    tokens: tuple[int, ...]
+    #: Tokens whose slots are the cache's (the hit, or what a checkpoint inserted).
+    protected: int
+    #: The request's slots, position by position (the cache's first, then its own).
+    row: list[int]
+    #: The pages its lock holds.
+    locked: list[PageKey] = attrs.Factory(list)
+    computed: bool = False
+
+
+def _page(key: PageKey) -> str:
+    return f"{list(key[1])} in namespace {key[0]}"
+
+
+def _short(tokens: Sequence[int], limit: int = 12) -> str:
+    shown = ", ".join(str(t) for t in tokens[:limit])
+    return f"[{shown}{', ...' if len(tokens) > limit else ''}] ({len(tokens)} tokens)"
+
+
+class TreeDriver(Driver):
+    """Applies steps to the engine and the model, and judges each answer."""
+
+    suite_name = "prefix-tree"
+    fault_rule = "KV-TREE-010"
+
+    def prepare(self) -> None:
+        self.setup: TreeSetup | None = None
+        self.model: PrefixTree | None = None
+        self.requests: dict[int, Request] = {}
+        self.written: dict[int, Content] = {}
+
+    # -- helpers ----------------------------------------------------------------------------------
+    @property
+    def page_size(self) -> int:
+        assert self.setup is not None
+        return self.setup.page_size
+
+    @property
+    def capacity(self) -> int:
+        assert self.setup is not None
+        return self.setup.page_size * self.setup.num_pages
+
+    def held_by_requests(self) -> list[int]:
+        return [slot for req in self.requests.values() for slot in req.row[req.protected:]]
+
+    def model_free(self) -> int:
+        assert self.model is not None
+        return self.capacity - self.model.cached_tokens() - len(self.held_by_requests())
+
+    def live(self, computed: bool | None = None) -> list[int]:
+        return [r for r, req in self.requests.items() if computed is None or req.computed == computed]
+
+    # -- steps ------------------------------------------------------------------------------------
+    def _TreeSetup(self, step: TreeSetup) -> None:
+        self.new_engine()
+        self.call("configure", step)
+        self.setup = step
+        recency = self.verdicts.capabilities.tree_recency
+        self.model = PrefixTree(step.page_size, recency if recency in spec.RECENCY_MODES else spec.PAGE_RECENCY)
+        self._judge_state(self._observe(), "KV-TREE-010")
+
+    def _Arrive(self, step: Arrive) -> None:
+        assert self.setup is not None and self.model is not None
+        tokens = self.setup.prompts[step.prompt][:step.length]
+        hit, slots = self._look_up(step.request, step.namespace, tokens)
+        path = self.model.page_keys(step.namespace, tokens)[:hit // self.page_size]
+        self.call("lock", step.request, rule="KV-TREE-014")
+        self.model.lock(path)
+        self.requests[step.request] = Request(step.namespace, tokens, hit, list(slots), path)
+        self._judge_state(self._observe(), "KV-TREE-013")
+
+    def _Serve(self, step: Serve) -> None:
+        self._Arrive(Arrive(step.request, step.prompt, step.namespace, step.length))
+        if step.request in self.requests:
+            self._Compute(Compute(step.request))
+        if step.request in self.requests:
+            self._Finish(Finish(step.request))
+
+    def _Peek(self, step: Peek) -> None:
+        assert self.setup is not None
+        self._look_up(step.handle, step.namespace, self.setup.prompts[step.prompt][:step.length])
+        self._judge_state(self._observe(), "KV-TREE-013")
+
+    def _Compute(self, step: Compute) -> None:
+        req = self.requests[step.request]
+        size = self.page_size
+        need = -(-len(req.tokens) // size) * size - req.protected
+        if need > 0:
+            free = self.model_free()
+            if need > free:
+                self._evict(need - free)
+            slots = self.call("alloc", need, rule="KV-TREE-010")
+            if slots is None:
+                free = self.model_free()
+                self.verdicts.check("KV-TREE-010", free < need, lambda: (
+                    f"alloc({need}) answered None with {free} slots free (capacity {self.capacity}, "
+                    f"{self.model.cached_tokens()} held by the cache, {len(self.held_by_requests())} by requests)"))
+                self._release(step.request, req)
+                self._judge_state(self._observe(), "KV-TREE-014")
+                return
+            self._judge_allocation(need, tuple(slots))
+            for offset, slot in enumerate(slots):
+                position = req.protected + offset
+                self.written[slot] = ((req.namespace, req.tokens[:position + 1]) if position < len(req.tokens)
+                                      else UNWRITTEN)
+            req.row = req.row[:req.protected] + list(slots)
+        req.computed = True
+        self._judge_state(self._observe(), "KV-TREE-013")
+
+    def _Finish(self, step: Finish) -> None:
+        req = self.requests[step.request]
+        self._insert(step.request, req)
+        self._release(step.request, req)
+        self._judge_state(self._observe(), "KV-TREE-012")
+
+    def _Checkpoint(self, step: Checkpoint) -> None:
+        assert self.model is not None
+        req = self.requests[step.request]
+        self._insert(step.request, req)
+        # The request goes on reading its inserted tokens from the cache, under a lock on them.
+        path = self.model.page_keys(req.namespace, req.tokens)
+        self.call("unlock", step.request, rule="KV-TREE-014")
+        self.model.unlock(req.locked)
+        self.call("lock", step.request, rule="KV-TREE-014")
+        self.model.lock(path)
+        req.locked = path
+        self._judge_state(self._observe(), "KV-TREE-012")
+
+    def _Abort(self, step: Abort) -> None:
+        self._release(step.request, self.requests[step.request])
+        self._judge_state(self._observe(), "KV-TREE-014")
+
+    def _Evict(self, step: Evict) -> None:
+        self._evict(step.num_tokens)
+
+    # -- operations shared by steps ----------------------------------------------------------------
+    def _look_up(self, handle: int, namespace: int, tokens: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
+        """``match`` on the engine and the model; judges the hit (KV-TREE-001 .. 004)."""
+        assert self.model is not None
+        hit, slots = self.call("match", handle, namespace, tokens, rule="KV-TREE-001")
+        slots = tuple(slots)
+        want, want_slots = self.model.match(namespace, tokens)
+        check = self.verdicts.check
+        detail = f"namespace {namespace}, tokens {_short(tokens)}, page size {self.page_size}"
+        check("KV-TREE-001", spec.is_aligned_hit(hit, len(slots), len(tokens), self.page_size),
+              lambda: f"match answered a hit of {hit} tokens with {len(slots)} slots; {detail}")
+        contents = tuple(self.written.get(slot, UNWRITTEN) for slot in slots)
+        foreign = [i for i in spec.foreign_positions(tuple(c[0] for c in contents), namespace)
+                   if contents[i] != UNWRITTEN]
+        check("KV-TREE-004", not foreign, lambda: (
+            f"hit position {foreign[0]} reads slot {slots[foreign[0]]}, written for namespace "
+            f"{contents[foreign[0]][0]}: {_short(contents[foreign[0]][1])}; {detail}"))
+        wrong = spec.misread_positions(contents, namespace, tokens[:hit])
+        check("KV-TREE-002", not wrong, lambda: (
+            f"hit position {wrong[0]} reads slot {slots[wrong[0]]}, which holds "
+            f"{'nothing written' if contents[wrong[0]] == UNWRITTEN else _short(contents[wrong[0]][1])}"
+            f" (namespace {contents[wrong[0]][0]}), not the request's token {wrong[0]}; {detail}"))
+        check("KV-TREE-003", hit == want, lambda: (
+            f"match answered a hit of {hit} tokens; the cache holds the request's first {want} tokens "
+            f"(held pages {list(self.model.held_flags(namespace, tokens))}); {detail}"))
+        check("KV-TREE-002", slots == want_slots, lambda: (
+            f"match answered slots {list(slots)}; the cache holds those pages in slots {list(want_slots)}; {detail}"))
+        return hit, slots
+
+    def _judge_allocation(self, need: int, slots: tuple[int, ...]) -> None:
+        assert self.model is not None
+        owned = {s for page in self.model.pages.values() for s in page.slots} | set(self.held_by_requests())
+        taken = sorted(set(slots) & owned)
+        self.verdicts.check("KV-TREE-010", len(slots) == need and len(set(slots)) == need and not taken, lambda: (
+            f"alloc({need}) returned {len(slots)} slots {list(slots)[:16]}: "
+            + (f"slots {taken[:8]} are held by the cache or a request" if taken else "not distinct or not as many")))
+
+    def _insert(self, handle: int, req: Request) -> int:
+        """Insert the request's tokens and free its duplicates (KV-TREE-012): its first tokens are
+        the cache's from then on. The aligned length."""
+        assert self.model is not None
+        size = self.page_size
+        aligned = len(req.tokens) // size * size
+        held = self.call("insert", handle, req.namespace, req.tokens, tuple(req.row[:len(req.tokens)]),
+                         rule="KV-TREE-012")
+        want = self.model.insert(req.namespace, req.tokens, req.row[:aligned])
+        self.verdicts.check("KV-TREE-012", held == want, lambda: (
+            f"insert answered {held} tokens already held; the cache held the first {want} of "
+            f"{_short(req.tokens)} (namespace {req.namespace})"))
+        duplicates = req.row[req.protected:want]
+        if duplicates:
+            self.call("free", tuple(duplicates), rule="KV-TREE-012")
+        path = self.model.page_keys(req.namespace, req.tokens)
+        req.row = [slot for key in path for slot in self.model.pages[key].slots] + req.row[aligned:]
+        req.protected = aligned
+        return aligned
+
+    def _release(self, handle: int, req: Request) -> None:
+        """Free the slots the request holds outside the cache (its unaligned tail, once inserted) and
+        its lock; forget it."""
+        assert self.model is not None
+        own = req.row[req.protected:]
+        if own:
+            self.call("free", tuple(own), rule="KV-TREE-010")
+        self.call("unlock", handle, rule="KV-TREE-014")
+        self.model.unlock(req.locked)
+        del self.requests[handle]
+
+    def _evict(self, num_tokens: int) -> None:
+        """``evict(num_tokens)``, judged (KV-TREE-005 .. KV-TREE-009); the model follows it."""
+        assert self.model is not None
+        model = self.model
+        evictable = model.sizes()[0]
+        order = model.eviction_order()
+        reported = self.call("evict", num_tokens, rule="KV-TREE-007")
+        view = self._observe()
+        shown = {(p.namespace, p.tokens) for p in view.pages}
+        removed = [key for key in model.pages if key not in shown]
+        added = sorted(shown - set(model.pages))
+        check = self.verdicts.check
+        check("KV-TREE-007", not added, lambda: f"evict({num_tokens}) added pages {'; '.join(map(_page, added[:4]))}")
+        locked = [key for key in removed if model.pages[key].locks]
+        check("KV-TREE-005", spec.evicts_no_locked_page(tuple(model.pages[k].locks for k in removed)), lambda: (
+            f"evict({num_tokens}) removed locked pages: " + "; ".join(
+                f"{_page(k)} ({model.pages[k].locks} locks)" for k in locked[:3])))
+        self._judge_shape(view)
+        size = self.page_size
+        check("KV-TREE-007", spec.evicted_enough(num_tokens, evictable, len(removed) * size, reported), lambda: (
+            f"evict({num_tokens}) reported {reported} tokens and removed {len(removed) * size} "
+            f"({len(removed)} pages); {evictable} tokens were evictable"))
+        recency = self.verdicts.capabilities.tree_recency
+        if recency in spec.RECENCY_MODES:
+            rule_id = "KV-TREE-008" if recency == spec.PAGE_RECENCY else "KV-TREE-009"
+            index = {key: i for i, key in enumerate(order)}
+            first = order[:len(removed)]
+            check(rule_id, spec.removes_an_lru_prefix(tuple(index.get(k, -1) for k in removed),
+                                                       tuple(range(len(order)))), lambda: (
+                f"evict({num_tokens}) removed {len(removed)} pages: {'; '.join(map(_page, removed[:4]))}; the "
+                f"least recently used leaves ({recency} recency) are: {'; '.join(map(_page, first[:4]))}"))
+            if recency == spec.SEGMENT_RECENCY:
+                split = [k for k in removed if not model.pages[k].starts_segment and model.parent(k) not in removed]
+                check(rule_id, not split, lambda: (
+                    f"evict({num_tokens}) removed part of a segment: {_page(split[0])} without the page "
+                    "before it in its segment"))
+        model.remove(removed)
+        self._judge_state(view, "KV-TREE-007")
+
+    # -- observing and judging ---------------------------------------------------------------------
+    def _observe(self) -> TreeView:
+        return self.call("observe", rule="KV-TREE-010")
+
+    def _judge_shape(self, view: TreeView) -> None:
+        assert self.model is not None
+        shown = {(p.namespace, tuple(p.tokens)) for p in view.pages}
+        orphans = [key for key in shown if self.model.parent(key) is not None and self.model.parent(key) not in shown]
+        self.verdicts.check("KV-TREE-006", not orphans, lambda: (
+            f"the cache holds {_page(orphans[0])} but not the page before it"))
+
+    def _judge_state(self, view: TreeView, content_rule: str) -> None:
+        assert self.model is not None
+        model, check = self.model, self.verdicts.check
+        pages = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
+        missing = [key for key in model.pages if key not in pages]
+        extra = [key for key in pages if key not in model.pages]
+        check(content_rule, not missing and not extra and len(pages) == len(view.pages), lambda: (
+            f"the cache holds {len(view.pages)} pages; kvoracle expects {len(model.pages)}: "
+            + (f"missing {'; '.join(map(_page, missing[:3]))} " if missing else "")
+            + (f"unexpected {'; '.join(map(_page, extra[:3]))}" if extra else "")
+            + ("" if missing or extra else "a page is listed twice")))
+        moved = [key for key, page in pages.items() if tuple(page.slots) != model.pages[key].slots]
+        check(content_rule, not moved, lambda: (
+            f"page {_page(moved[0])} is held in slots {list(pages[moved[0]].slots)}, "
+            f"not {list(model.pages[moved[0]].slots)}"))
+        self._judge_shape(view)
+        counts = [key for key, page in pages.items() if page.locks != model.pages[key].locks]
+        check("KV-TREE-014", not counts, lambda: (
+            f"page {_page(counts[0])} counts {pages[counts[0]].locks} locks; "
+            f"{model.pages[counts[0]].locks} held locks run through it"))
+        evictable, protected = model.sizes()
+        check("KV-TREE-011", (view.evictable, view.protected) == (evictable, protected), lambda: (
+            f"the cache reports {view.evictable} evictable and {view.protected} protected tokens; it holds "
+            f"{evictable} tokens in unlocked pages and {protected} in locked ones"))
+        held = len(self.held_by_requests())
+        check("KV-TREE-010", spec.capacity_balances(view.free_slots, model.cached_tokens(), held, self.capacity),
+              lambda: (f"{view.free_slots} free slots + {model.cached_tokens()} held by the cache + {held} held by "
+                       f"requests != capacity {self.capacity}"))
+
+
+# -- the machine -------------------------------------------------------------------------------------
+@st.composite
+def tree_setups(draw: st.DrawFn) -> TreeSetup:
+    """A page size, a small capacity (so that requests evict), and prompts that share prefixes."""
+    page_size = draw(st.sampled_from([1, 1, 2, 4]), label="page_size")
+    num_pages = draw(st.integers(3, 16), label="num_pages")
+    tokens = st.lists(st.integers(0, 2), max_size=4 * page_size)
+    stem = draw(st.lists(st.integers(0, 2), max_size=5 * page_size), label="stem")
+    prompts = []
+    for _ in range(draw(st.integers(1, 5), label="prompts")):
+        # Often past the first page: a lookup that matches a stored segment's first page and parts
+        # from it inside a later one.
+        past_first = st.integers(page_size + 1, len(stem)) if len(stem) > page_size + 1 else st.nothing()
+        shared = draw(st.integers(0, len(stem)) | past_first, label="shared")
+        own = draw(tokens, label="own")
+        if shared < len(stem) and draw(st.booleans(), label="diverge"):
+            # Part from the stem right after the shared tokens, mostly inside a page: a lookup of
+            # one prompt then ends inside what another one stored.
+            own = [(stem[shared] + draw(st.integers(1, 2), label="other token")) % 3, *own]
+        prompts.append(tuple(stem[:shared] + own))
+    return TreeSetup(page_size, num_pages, tuple(prompts))
+
+
+class PrefixTreeMachine(SuiteMachine):
+    """Requests arriving, computing, checkpointing, finishing and aborting; lookups; evictions."""
+
+    driver: TreeDriver
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.next_handle = 0
+
+    def _alive(self) -> bool:
+        return self.driver.setup is not None and not self.driver.dead
+
+    def _handle(self) -> int:
+        self.next_handle += 1
+        return self.next_handle
+
+    @initialize(setup=tree_setups())
+    def configure(self, setup: TreeSetup) -> None:
+        self.driver.apply(setup)
+
+    def _prompt(self, data: st.DataObject) -> tuple[int, int, int | None]:
+        """A prompt, a namespace, and mostly the whole prompt, else a prefix of it (a lookup that
+        ends inside what an earlier request stored)."""
+        prompts = self.driver.setup.prompts
+        prompt = data.draw(st.integers(0, len(prompts) - 1), label="prompt")
+        namespace = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="namespace")
+        length = data.draw(st.none() | st.none() | st.integers(0, len(prompts[prompt])), label="length")
+        return prompt, namespace, length
+
+    @precondition(lambda self: self._alive() and len(self.driver.requests) < 4)
+    @rule(data=st.data())
+    def arrive(self, data: st.DataObject) -> None:
+        self.driver.apply(Arrive(self._handle(), *self._prompt(data)))
+
+    @precondition(lambda self: self._alive())
+    @rule(data=st.data())
+    def serve(self, data: st.DataObject) -> None:
+        self.driver.apply(Serve(self._handle(), *self._prompt(data)))
+
+    @precondition(lambda self: self._alive() and len(self.driver.requests) < 3)
+    @rule(data=st.data())
+    def twins(self, data: st.DataObject) -> None:
+        """Two requests of one prompt computing side by side (parallel sampling): whichever
+        inserts second finds its tokens held and frees its duplicates (KV-TREE-012)."""
+        prompt = self._prompt(data)
+        first, second = self._handle(), self._handle()
+        for request in (first, second):
+            self.driver.apply(Arrive(request, *prompt))
+        for request in (first, second):
+            if request in self.driver.requests:
+                self.driver.apply(Compute(request))
+
+    @precondition(lambda self: self._alive())
+    @rule(data=st.data())
+    def peek(self, data: st.DataObject) -> None:
+        self.driver.apply(Peek(self._handle(), *self._prompt(data)))
+
+    @precondition(lambda self: self._alive() and bool(self.driver.live(computed=False)))
+    @rule(data=st.data())
+    def compute(self, data: st.DataObject) -> None:
+        self.driver.apply(Compute(data.draw(st.sampled_from(self.driver.live(computed=False)), label="request")))
+
+    @precondition(lambda self: self._alive() and bool(self.driver.live(computed=True)))
+    @rule(data=st.data())
+    def finish(self, data: st.DataObject) -> None:
+        self.driver.apply(Finish(data.draw(st.sampled_from(self.driver.live(computed=True)), label="request")))
+
+    @precondition(lambda self: self._alive() and bool(self.driver.live(computed=True)))
+    @rule(data=st.data())
+    def checkpoint(self, data: st.DataObject) -> None:
+        self.driver.apply(Checkpoint(data.draw(st.sampled_from(self.driver.live(computed=True)), label="request")))
+
+    @precondition(lambda self: self._alive() and bool(self.driver.live()))
+    @rule(data=st.data())
+    def abort(self, data: st.DataObject) -> None:
+        self.driver.apply(Abort(data.draw(st.sampled_from(self.driver.live()), label="request")))
+
+    @precondition(lambda self: self._alive())
+    @rule(data=st.data())
+    def evict(self, data: st.DataObject) -> None:
+        # Mostly a page or two: a small eviction shows the order; sometimes anything up to all.
+        size = self.driver.page_size
+        count = st.sampled_from([0, size, size, 2 * size]) | st.integers(0, self.driver.capacity)
+        self.driver.apply(Evict(data.draw(count, label="num_tokens")))
+
+    @rule()
+    def idle(self) -> None:
+        pass  # lets Hypothesis finish an example whose engine is dead

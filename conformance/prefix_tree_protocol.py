@@ -1,0 +1,191 @@
+"""The prefix-tree suite's protocol: what an engine's prefix cache offers, what it shows, and the
+steps that drive it.
+
+The operations are the ones a scheduler calls on a radix prefix cache (SGLang's
+``RadixCache`` and its token allocator), over plain values: token lists, namespaces as
+ints (0: none; an adapter maps them to its own, e.g. SGLang's ``extra_key``), and slot
+indices. ``handle`` names one lookup's place in the cache: the adapter remembers where the
+last ``match`` or ``insert`` under a handle ended, ``lock(handle)`` locks that path and
+``unlock(handle)`` releases the lock the handle holds (a handle holds at most one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol, runtime_checkable
+
+import attrs
+
+from .harness import returns
+
+
+@attrs.frozen
+class PageView:
+    """One page the cache holds: its namespace, the tokens from the start through the page, its
+    slots, and how many held locks run through it."""
+
+    namespace: int
+    tokens: tuple[int, ...]
+    slots: tuple[int, ...]
+    locks: int
+
+
+@attrs.frozen
+class TreeView:
+    """What the engine shows after a step: every page it holds, its own account of evictable and
+    protected tokens, and its allocator's free slots."""
+
+    pages: tuple[PageView, ...]
+    evictable: int
+    protected: int
+    free_slots: int
+
+
+@runtime_checkable
+class PrefixTreeAdapter(Protocol):
+    """An engine's prefix cache and slot allocator, behind engine-neutral operations."""
+
+    name: str
+
+    def version(self) -> str: ...
+
+    def configure(self, setup: TreeSetup) -> None:
+        """A fresh, empty cache of ``setup.num_pages`` pages of ``setup.page_size`` slots."""
+
+    def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, Sequence[int]]:
+        """``(hit tokens, the hit's slots)``; remembers where the hit ends under ``handle``."""
+
+    def lock(self, handle: int) -> None:
+        """Lock the path that the last ``match`` or ``insert`` under ``handle`` ended at."""
+
+    def unlock(self, handle: int) -> None:
+        """Release the lock ``handle`` holds."""
+
+    def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
+        """Store the full pages of ``tokens`` (one slot per token); the tokens already held."""
+
+    def alloc(self, num_tokens: int) -> Sequence[int] | None:
+        """``num_tokens`` free slots (a multiple of the page size), or ``None`` if there are fewer."""
+
+    def free(self, slots: Sequence[int]) -> None:
+        """Give whole pages of slots back to the allocator."""
+
+    def evict(self, num_tokens: int) -> int:
+        """Evict at least ``num_tokens`` tokens of unlocked leaves if it can; the tokens evicted."""
+
+    def observe(self) -> TreeView: ...
+
+
+# -- steps -----------------------------------------------------------------------------------------
+@attrs.frozen
+class TreeSetup:
+    """Configure the engine: the page size, the capacity in pages, and the prompts later steps
+    name by index."""
+
+    primary_rule = "KV-TREE-010"
+
+    page_size: int
+    num_pages: int
+    prompts: tuple[tuple[int, ...], ...]
+
+
+@attrs.frozen
+class Arrive:
+    """Request ``request`` looks ``prompt`` (its first ``length`` tokens, all if ``None``) up in
+    ``namespace`` and locks its hit."""
+
+    primary_rule = "KV-TREE-001"
+
+    request: int
+    prompt: int
+    namespace: int = 0
+    length: int | None = None
+
+
+@attrs.frozen
+class Compute:
+    """The request's tokens past its hit get slots (evicting what the allocator lacks) and are
+    written."""
+
+    primary_rule = "KV-TREE-010"
+
+    request: int
+
+
+@attrs.frozen
+class Finish:
+    """The request inserts its tokens, frees its duplicates and its unaligned tail, and unlocks."""
+
+    primary_rule = "KV-TREE-012"
+
+    request: int
+
+
+@attrs.frozen
+class Checkpoint:
+    """A running request inserts what it computed so far, frees its duplicates and moves its
+    lock to the inserted path (SGLang's ``cache_unfinished_req``)."""
+
+    primary_rule = "KV-TREE-012"
+
+    request: int
+
+
+@attrs.frozen
+class Abort:
+    """The request frees the slots it holds outside the cache and unlocks."""
+
+    primary_rule = "KV-TREE-014"
+
+    request: int
+
+
+@attrs.frozen
+class Serve:
+    """A whole request at once: it arrives (as :class:`Arrive`), computes and finishes."""
+
+    primary_rule = "KV-TREE-012"
+
+    request: int
+    prompt: int
+    namespace: int = 0
+    length: int | None = None
+
+
+@attrs.frozen
+class Peek:
+    """A lookup that nobody locks (a scheduler weighing a prompt, or the first ``length`` tokens
+    of it)."""
+
+    primary_rule = "KV-TREE-001"
+
+    handle: int
+    prompt: int
+    namespace: int = 0
+    length: int | None = None
+
+
+@attrs.frozen
+class Evict:
+    """The scheduler asks for ``num_tokens`` tokens of the cache back."""
+
+    primary_rule = "KV-TREE-007"
+
+    num_tokens: int
+
+
+STEP_NAMES = ("Abort", "Arrive", "Checkpoint", "Compute", "Evict", "Finish", "Peek", "Serve", "TreeSetup")
+
+_SLOTS = returns.sequence_of(returns.integer)
+_PAGE = returns.attributes(PageView, namespace=returns.integer, tokens=_SLOTS, slots=_SLOTS, locks=returns.integer)
+
+#: What each operation must return.
+RETURNS = {
+    "match": returns.tuple_of(returns.integer, _SLOTS),
+    "insert": returns.integer,
+    "alloc": returns.optional(_SLOTS),
+    "evict": returns.integer,
+    "observe": returns.attributes(TreeView, pages=returns.sequence_of(_PAGE), evictable=returns.integer,
+                                  protected=returns.integer, free_slots=returns.integer),
+}
+OPERATIONS = ("configure", "match", "lock", "unlock", "insert", "alloc", "free", "evict", "observe")

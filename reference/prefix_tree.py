@@ -1,0 +1,254 @@
+"""A prefix cache over token pages, and a page allocator (spec chapter ``prefix_tree``).
+
+:class:`PrefixTree` holds pages named by ``(namespace, the tokens through the page)``
+(a :data:`PageKey`); a page's parent is the key one page shorter. It answers lookups
+(:meth:`PrefixTree.match`), takes insertions (:meth:`PrefixTree.insert`), counts locks on
+paths and evicts leaves in the order :func:`kvoracle.spec.prefix_tree.lru_leaf_order` gives
+over its stamps, with either recency the chapter states (``page``: KV-TREE-008, or
+``segment``: KV-TREE-009). It also keeps where the engine's segments begin, so that the
+segment recency can be modelled; with page recency that changes nothing.
+
+:class:`PageAllocator` hands out whole pages of slots from a free list. Together they are
+the ``reference`` engine of the ``prefix-tree`` suite, and the suite's model of any engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+import attrs
+import icontract
+
+from kvoracle.spec import prefix_tree as spec
+from kvoracle.spec.config import ConfigError
+
+from .contracts import ENABLED
+
+#: A page: its namespace and the request's tokens through the page's last token.
+PageKey = tuple[int, tuple[int, ...]]
+
+
+def check_tree_parameters(page_size: int, num_pages: int = 1) -> None:
+    """Raise :class:`ConfigError` naming KV-TREE-015 and the parameter when one is impossible."""
+    for name, value in (("page_size", page_size), ("num_pages", num_pages)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError("KV-TREE-015", name, f"must be an int, got {type(value).__name__}")
+    bad = spec.first_invalid_tree_parameter(page_size, num_pages)
+    if bad:
+        raise ConfigError("KV-TREE-015", bad, f"must be at least 1, got {locals()[bad]}")
+
+
+@attrs.define
+class TreePage:
+    """One held page: its slots, its recency stamp, its lock count, and whether an engine with
+    segments starts one here."""
+
+    slots: tuple[int, ...]
+    stamp: int
+    locks: int = 0
+    starts_segment: bool = True
+
+
+def _parents_held(tree: PrefixTree) -> bool:
+    keys = list(tree.pages)
+    held = tuple(True for _ in keys)
+    index = {key: i for i, key in enumerate(keys)}
+    parents = tuple(-1 if tree.parent(key) is None else index.get(tree.parent(key), -2) for key in keys)
+    return -2 not in parents and spec.is_prefix_closed(parents, held)
+
+
+@icontract.invariant(lambda self: _parents_held(self), "KV-TREE-006: every held page's parent is held",
+                     enabled=ENABLED)
+@icontract.invariant(lambda self: all(page.locks >= 0 for page in self.pages.values()),
+                     "KV-TREE-014: lock counts are never negative", enabled=ENABLED)
+@attrs.define(slots=False)
+class PrefixTree:
+    """The held pages of a prefix cache with page size ``page_size``."""
+
+    page_size: int
+    recency: str = spec.PAGE_RECENCY
+    pages: dict[PageKey, TreePage] = attrs.Factory(dict)
+    #: Ticks once per lookup or insertion.
+    clock: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        check_tree_parameters(self.page_size)
+        if self.recency not in spec.RECENCY_MODES:
+            raise ConfigError("KV-TREE-008", "recency", f"must be one of {spec.RECENCY_MODES}, got {self.recency!r}")
+
+    # -- naming pages ------------------------------------------------------------------------------
+    def page_keys(self, namespace: int, tokens: Sequence[int]) -> list[PageKey]:
+        """The keys of the request's full pages, page 0 first."""
+        tokens = tuple(tokens)
+        return [(namespace, tokens[:(j + 1) * self.page_size]) for j in range(len(tokens) // self.page_size)]
+
+    def parent(self, key: PageKey) -> PageKey | None:
+        namespace, tokens = key
+        return (namespace, tokens[:-self.page_size]) if len(tokens) > self.page_size else None
+
+    def children(self, key: PageKey) -> list[PageKey]:
+        return [other for other in self.pages if self.parent(other) == key]
+
+    def held_flags(self, namespace: int, tokens: Sequence[int]) -> tuple[bool, ...]:
+        return tuple(key in self.pages for key in self.page_keys(namespace, tokens))
+
+    def cached_tokens(self) -> int:
+        return len(self.pages) * self.page_size
+
+    def sizes(self) -> tuple[int, int]:
+        """``(evictable, protected)`` tokens (KV-TREE-011)."""
+        return spec.cache_sizes(tuple(page.locks for page in self.pages.values()), self.page_size)
+
+    # -- recency -----------------------------------------------------------------------------------
+    def segment_rest(self, key: PageKey) -> list[PageKey]:
+        """The held pages after ``key`` in its segment: the chain of children that start none."""
+        rest: list[PageKey] = []
+        while True:
+            follow = [child for child in self.children(key) if not self.pages[child].starts_segment]
+            if not follow:
+                return rest
+            key = follow[0]
+            rest.append(key)
+
+    def _stamp(self, path: list[PageKey]) -> None:
+        """Stamp a lookup's or insertion's held ``path`` (KV-TREE-008/009) and split the segment
+        it ends inside."""
+        self.clock += 1
+        if not path:
+            return
+        rest = self.segment_rest(path[-1])
+        count = spec.pages_stamped(len(path), len(rest), self.recency)
+        for key in (path + rest)[:count]:
+            self.pages[key].stamp = self.clock
+        if rest:
+            self.pages[rest[0]].starts_segment = True
+
+    # -- lookups and insertions ------------------------------------------------------------------
+    @icontract.ensure(lambda result, tokens, self: spec.is_aligned_hit(result[0], len(result[1]), len(tokens),
+                                                                       self.page_size),
+                      "KV-TREE-001: the hit is a page-aligned prefix", enabled=ENABLED)
+    @icontract.ensure(lambda result, self, namespace, tokens:
+                      result[0] == spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens),
+                                                            self.page_size),
+                      "KV-TREE-003: the hit is the longest held prefix", enabled=ENABLED)
+    def match(self, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        """The hit of ``tokens`` in ``namespace`` and its slots; stamps what it covers."""
+        keys = self.page_keys(namespace, tokens)
+        hit = spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens), self.page_size)
+        path = keys[:hit // self.page_size]
+        self._stamp(path)
+        return hit, tuple(slot for key in path for slot in self.pages[key].slots)
+
+    @icontract.require(lambda self, tokens, slots: len(slots) >= len(tokens) // self.page_size * self.page_size,
+                       "KV-TREE-012: a slot for every token of the stored pages", enabled=ENABLED)
+    @icontract.snapshot(lambda self, namespace, tokens: spec.longest_held_prefix(
+        self.held_flags(namespace, tokens), len(tokens), self.page_size), name="held", enabled=ENABLED)
+    @icontract.ensure(lambda result, OLD: result == OLD.held,
+                      "KV-TREE-012: insertion answers the longest held prefix", enabled=ENABLED)
+    @icontract.ensure(lambda self, namespace, tokens: all(self.held_flags(namespace, tokens)),
+                      "KV-TREE-012: every page of the key is held afterwards", enabled=ENABLED)
+    def insert(self, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
+        """Store the full pages of ``tokens`` with ``slots`` (one per token); the pages already
+        held keep theirs. Returns the tokens that were held."""
+        keys = self.page_keys(namespace, tokens)
+        held = spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens), self.page_size)
+        self._stamp(keys[:held // self.page_size])
+        size = self.page_size
+        for j in range(held // size, len(keys)):
+            self.pages[keys[j]] = TreePage(tuple(slots[j * size:(j + 1) * size]), self.clock,
+                                           starts_segment=j == held // size)
+        return held
+
+    # -- locks -------------------------------------------------------------------------------------
+    @icontract.require(lambda self, path: all(key in self.pages for key in path),
+                       "KV-TREE-014: a lock covers held pages only", enabled=ENABLED)
+    def lock(self, path: Iterable[PageKey]) -> None:
+        for key in path:
+            self.pages[key].locks += 1
+
+    @icontract.require(lambda self, path: all(key in self.pages and self.pages[key].locks > 0 for key in path),
+                       "KV-TREE-014: unlocking releases a lock that is held", enabled=ENABLED)
+    def unlock(self, path: Iterable[PageKey]) -> None:
+        for key in path:
+            self.pages[key].locks -= 1
+
+    # -- eviction ----------------------------------------------------------------------------------
+    def eviction_order(self) -> list[PageKey]:
+        """Every page eviction can remove, in the order it removes them (KV-TREE-008/009)."""
+        keys = sorted(self.pages, key=lambda key: (len(key[1]), key))  # parents first
+        index = {key: i for i, key in enumerate(keys)}
+        parents = tuple(-1 if self.parent(key) is None else index[self.parent(key)] for key in keys)
+        order = spec.lru_leaf_order(parents, tuple(self.pages[k].stamp for k in keys),
+                                    tuple(self.pages[k].locks for k in keys))
+        return [keys[i] for i in order]
+
+    @icontract.ensure(lambda result, OLD: spec.evicts_no_locked_page(tuple(OLD.locks.get(k, 1) for k in result)),
+                      "KV-TREE-005: no locked page is evicted", enabled=ENABLED)
+    @icontract.snapshot(lambda self: {key: page.locks for key, page in self.pages.items()}, name="locks",
+                        enabled=ENABLED)
+    @icontract.snapshot(lambda self: self.sizes()[0], name="evictable", enabled=ENABLED)
+    @icontract.ensure(lambda result, OLD, self, num_tokens:
+                      spec.evicted_enough(num_tokens, OLD.evictable, len(result) * self.page_size,
+                                          len(result) * self.page_size),
+                      "KV-TREE-007: evict(n) removes at least what it can of n tokens", enabled=ENABLED)
+    def evict(self, num_tokens: int) -> list[PageKey]:
+        """Remove leaves in LRU order until ``num_tokens`` tokens are gone (whole segments with
+        segment recency) or nothing evictable is left; the removed keys, in removal order."""
+        order = self.eviction_order()
+        removed: list[PageKey] = []
+        while len(order) > len(removed) and len(removed) * self.page_size < num_tokens:
+            removed.append(order[len(removed)])
+            # With segment recency a segment goes whole: its pages are consecutive in the order,
+            # bottom up, ending with the page that starts it.
+            while (self.recency == spec.SEGMENT_RECENCY and not self.pages[removed[-1]].starts_segment
+                   and len(order) > len(removed)):
+                removed.append(order[len(removed)])
+        self.remove(removed)
+        return removed
+
+    def remove(self, keys: Iterable[PageKey]) -> None:
+        """Forget these pages (an engine's eviction the model follows), children first."""
+        for key in sorted(keys, key=lambda k: -len(k[1])):
+            del self.pages[key]
+
+
+@icontract.invariant(lambda self: len(set(self.free_pages)) == len(self.free_pages),
+                     "KV-TREE-010: no page is free twice", enabled=ENABLED)
+@attrs.define(slots=False)
+class PageAllocator:
+    """Slots in whole pages: page ``q`` holds slots ``q * page_size ... (q + 1) * page_size - 1``.
+    Allocation takes pages from the front of the free list; freed pages go to its back."""
+
+    num_pages: int
+    page_size: int
+    free_pages: list[int] = attrs.Factory(list)
+
+    def __attrs_post_init__(self) -> None:
+        check_tree_parameters(self.page_size, self.num_pages)
+        self.free_pages = list(range(self.num_pages))
+
+    @property
+    def capacity(self) -> int:
+        return self.num_pages * self.page_size
+
+    def available(self) -> int:
+        return len(self.free_pages) * self.page_size
+
+    @icontract.ensure(lambda result, num_tokens: result is None or len(result) == num_tokens,
+                      "KV-TREE-010: an allocation returns the slots asked for", enabled=ENABLED)
+    def alloc(self, num_tokens: int) -> tuple[int, ...] | None:
+        if num_tokens < 0 or num_tokens % self.page_size:
+            raise ConfigError("KV-TREE-015", "num_tokens",
+                              f"allocations are whole pages of {self.page_size} slots, got {num_tokens}")
+        count = num_tokens // self.page_size
+        if count > len(self.free_pages):
+            return None
+        taken, self.free_pages = self.free_pages[:count], self.free_pages[count:]
+        return tuple(page * self.page_size + k for page in taken for k in range(self.page_size))
+
+    @icontract.require(lambda self, slots: all(0 <= s < self.capacity for s in slots),
+                       "KV-TREE-010: freed slots are the allocator's", enabled=ENABLED)
+    def free(self, slots: Sequence[int]) -> None:
+        """Free the pages these slots lie in (each once)."""
+        for page in dict.fromkeys(slot // self.page_size for slot in slots):
+            self.free_pages.append(page)
