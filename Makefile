@@ -14,7 +14,7 @@ REDIS_STAMP := $(VENV)/.kvoracle-redis
 TORCH_VERSION ?= 2.13.0
 TORCH_INDEX_URL ?= https://download.pytorch.org/whl/cpu
 
-.PHONY: check test test-vllm test-vllm-release zoo lint crosshair docs clean
+.PHONY: check test test-vllm test-vllm-release test-sglang zoo lint crosshair docs clean
 
 $(STAMP): pyproject.toml requirements-dev.txt
 	$(PYTHON) -m venv $(VENV)
@@ -109,6 +109,17 @@ test-vllm: $(STAMP)
 	$(VENV_VLLM)/bin/kvoracle check --suite hybrid --engine vllm --max-examples 200 \
 		--json build/kvoracle-vllm-hybrid-report.json
 
+VENV_SGLANG ?= .venv-sglang
+
+## SGLang 0.5.23 on CPU torch (scripts/install_sglang.sh): its adapter's tests (the real radix cache,
+## and broken ones made by patching one method of its classes) and a bounded prefix-tree check with a
+## JSON report. Not part of `make test` yet.
+test-sglang:
+	VENV_SGLANG=$(VENV_SGLANG) bash scripts/install_sglang.sh
+	$(VENV_SGLANG)/bin/pytest tests/test_sglang_adapter.py
+	$(VENV_SGLANG)/bin/kvoracle check --engine sglang --suite prefix-tree --max-examples 300 \
+		--no-progress --json build/kvoracle-sglang-report.json
+
 ## One vLLM release other than 0.33 end to end: its environment, the manager and hybrid suites
 ## with its expected differences, and the zoo's verdicts on it (its real bugs convicted, nothing
 ## else failing).
@@ -133,4 +144,4 @@ crosshair: $(STAMP)
 	bash scripts/crosshair_spec.sh
 
 clean:
-	rm -rf $(VENV) $(VENV_VLLM) build kvoracle-replays *.egg-info
+	rm -rf $(VENV) $(VENV_VLLM) $(VENV_SGLANG) build kvoracle-replays *.egg-info

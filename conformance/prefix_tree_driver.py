@@ -342,9 +342,9 @@ class TreeDriver(Driver):
 def tree_setups(draw: st.DrawFn) -> TreeSetup:
     """A page size, a small capacity (so that requests evict), and prompts that share prefixes."""
     page_size = draw(st.sampled_from([1, 1, 2, 4]), label="page_size")
-    num_pages = draw(st.integers(3, 16), label="num_pages")
-    tokens = st.lists(st.integers(0, 2), max_size=4 * page_size)
-    stem = draw(st.lists(st.integers(0, 2), max_size=5 * page_size), label="stem")
+    num_pages = draw(st.integers(4, 24), label="num_pages")
+    tokens = st.lists(st.integers(0, 2), max_size=3 * page_size)
+    stem = draw(st.lists(st.integers(0, 2), min_size=2 * page_size, max_size=5 * page_size), label="stem")
     prompts = []
     for _ in range(draw(st.integers(1, 5), label="prompts")):
         # Often past the first page: a lookup that matches a stored segment's first page and parts
@@ -385,8 +385,10 @@ class PrefixTreeMachine(SuiteMachine):
         ends inside what an earlier request stored)."""
         prompts = self.driver.setup.prompts
         prompt = data.draw(st.integers(0, len(prompts) - 1), label="prompt")
-        namespace = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="namespace")
-        length = data.draw(st.none() | st.none() | st.integers(0, len(prompts[prompt])), label="length")
+        namespace = data.draw(st.sampled_from([0, 0, 0, 0, 1, 2]), label="namespace")
+        size = self.driver.page_size
+        length = data.draw(st.none() | st.none() | st.integers(min(size, len(prompts[prompt])), len(prompts[prompt])),
+                           label="length")
         return prompt, namespace, length
 
     @precondition(lambda self: self._alive() and len(self.driver.requests) < 4)
@@ -442,7 +444,8 @@ class PrefixTreeMachine(SuiteMachine):
     def evict(self, data: st.DataObject) -> None:
         # Mostly a page or two: a small eviction shows the order; sometimes anything up to all.
         size = self.driver.page_size
-        count = st.sampled_from([0, size, size, 2 * size]) | st.integers(0, self.driver.capacity)
+        small = st.sampled_from([0, size, size, 2 * size])
+        count = st.one_of(small, small, small, st.integers(0, self.driver.capacity))
         self.driver.apply(Evict(data.draw(count, label="num_tokens")))
 
     @rule()

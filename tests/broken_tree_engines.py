@@ -1,0 +1,202 @@
+"""Deliberately broken prefix trees, each breaking one rule of chapter 14 (meta-tests).
+
+Each is kvoracle's reference adapter with one behaviour changed, outside the reference's
+own contracts, so that the suite -- not an icontract condition inside the engine -- has to
+find the fault. ``BROKEN`` maps each to the rule it must be convicted of.
+"""
+
+from __future__ import annotations
+
+from kvoracle.conformance.prefix_tree import ReferencePrefixTree, TreeView
+from kvoracle.reference.prefix_tree import PageKey, PrefixTree
+from kvoracle.spec import prefix_tree as spec
+
+
+class UnalignedHit(ReferencePrefixTree):
+    """With pages of several tokens, a hit that stops short of the request's end claims one more
+    token (an off-by-one alignment)."""
+
+    name = "unaligned-hit"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        if self.tree.page_size > 1 and 0 < hit < len(tokens):
+            return hit + 1, (*slots, slots[-1])
+        return hit, slots
+
+
+class SlotsReversed(ReferencePrefixTree):
+    """Answers the right length, but the hit's slots in reverse order."""
+
+    name = "slots-reversed"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        return hit, tuple(reversed(slots))
+
+
+class ShortHit(ReferencePrefixTree):
+    """Answers one page less than it holds when it holds two pages or more."""
+
+    name = "short-hit"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        size = self.tree.page_size
+        if hit >= 2 * size:
+            hit, slots = hit - size, slots[:-size]
+            self.found[handle] = self.found[handle][:-1]
+        return hit, slots
+
+
+class NamespaceLeak(ReferencePrefixTree):
+    """A request that hits nothing in its own namespace is served from namespace 0."""
+
+    name = "namespace-leak"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        if hit == 0 and namespace != 0:
+            hit, slots = super().match(handle, 0, tokens)
+        return hit, slots
+
+
+class _ReversedTree(PrefixTree):
+    def eviction_order(self) -> list[PageKey]:
+        keys = sorted(self.pages, key=lambda key: (len(key[1]), key))
+        index = {key: i for i, key in enumerate(keys)}
+        parents = tuple(-1 if self.parent(key) is None else index[self.parent(key)] for key in keys)
+        order = spec.lru_leaf_order(parents, tuple(-self.pages[k].stamp for k in keys),
+                                    tuple(self.pages[k].locks for k in keys))
+        return [keys[i] for i in order]
+
+
+class MostRecentFirst(ReferencePrefixTree):
+    """Evicts the most recently used leaf first."""
+
+    name = "most-recent-first"
+
+    def configure(self, setup):
+        super().configure(setup)
+        self.tree = _ReversedTree(setup.page_size)
+
+
+class EvictsLocked(ReferencePrefixTree):
+    """Evicts as if no page were locked."""
+
+    name = "evicts-locked"
+
+    def evict(self, num_tokens):
+        locks = {key: page.locks for key, page in self.tree.pages.items()}
+        for page in self.tree.pages.values():
+            page.locks = 0
+        evicted = super().evict(num_tokens)
+        for key, page in self.tree.pages.items():
+            page.locks = locks[key]
+        return evicted
+
+
+class EvictsInnerPages(ReferencePrefixTree):
+    """Evicts the oldest unlocked pages, the shorter prefix first among pages of one age, whether or
+    not a longer prefix is still held (a free queue of pages in the order a request stored them)."""
+
+    name = "evicts-inner-pages"
+
+    def evict(self, num_tokens):
+        tree, size = self.tree, self.tree.page_size
+        unlocked = sorted((key for key, page in tree.pages.items() if not page.locks),
+                          key=lambda key: (tree.pages[key].stamp, len(key[1])))
+        removed = unlocked[:-(-num_tokens // size)] if num_tokens > 0 else []
+        for key in removed:
+            self.allocator.free(tree.pages[key].slots)
+        object.__setattr__(tree, "pages", {k: p for k, p in tree.pages.items() if k not in removed})
+        return len(removed) * size
+
+
+class EvictMisreports(ReferencePrefixTree):
+    """Reports the tokens asked for, not the tokens evicted."""
+
+    name = "evict-misreports"
+
+    def evict(self, num_tokens):
+        super().evict(num_tokens)
+        return num_tokens
+
+
+class InsertReplaces(ReferencePrefixTree):
+    """An insertion overwrites the slots of the pages already held with the caller's."""
+
+    name = "insert-replaces"
+
+    def insert(self, handle, namespace, tokens, slots):
+        held = super().insert(handle, namespace, tokens, slots)
+        size = self.tree.page_size
+        for j, key in enumerate(self.tree.page_keys(namespace, tokens)[:held // size]):
+            self.tree.pages[key].slots = tuple(slots[j * size:(j + 1) * size])
+        return held
+
+
+class LookupForgets(ReferencePrefixTree):
+    """A lookup forgets the oldest unlocked leaf off its own path (making room early)."""
+
+    name = "lookup-forgets"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        tree = self.tree
+        path = set(self.found[handle])
+        leaves = [key for key, page in tree.pages.items()
+                  if key not in path and not page.locks and not tree.children(key)]
+        if leaves:
+            oldest = min(leaves, key=lambda key: tree.pages[key].stamp)
+            self.allocator.free(tree.pages[oldest].slots)
+            tree.remove([oldest])
+        return hit, slots
+
+
+class LockLastPageOnly(ReferencePrefixTree):
+    """A lock counts on the last page of its path only."""
+
+    name = "lock-last-page-only"
+
+    def lock(self, handle):
+        path = self.found[handle][-1:]
+        self.tree.lock(path)
+        self.locked[handle] = path
+
+
+class ProtectedUncounted(ReferencePrefixTree):
+    """Reports every held token as evictable, none as protected."""
+
+    name = "protected-uncounted"
+
+    def observe(self):
+        view = super().observe()
+        return TreeView(view.pages, view.evictable + view.protected, 0, view.free_slots)
+
+
+class FreeLeaks(ReferencePrefixTree):
+    """Freeing slots gives nothing back to the allocator."""
+
+    name = "free-leaks"
+
+    def free(self, slots):
+        pass
+
+
+#: Each broken engine and the rule it must be convicted of.
+BROKEN = {
+    UnalignedHit: "KV-TREE-001",
+    SlotsReversed: "KV-TREE-002",
+    ShortHit: "KV-TREE-003",
+    NamespaceLeak: "KV-TREE-004",
+    EvictsLocked: "KV-TREE-005",
+    EvictsInnerPages: "KV-TREE-006",
+    EvictMisreports: "KV-TREE-007",
+    MostRecentFirst: "KV-TREE-008",
+    FreeLeaks: "KV-TREE-010",
+    ProtectedUncounted: "KV-TREE-011",
+    InsertReplaces: "KV-TREE-012",
+    LookupForgets: "KV-TREE-013",
+    LockLastPageOnly: "KV-TREE-014",
+}
