@@ -208,8 +208,14 @@ def test_the_picture_renders_side_by_side_with_the_differences_marked(browser, c
         panel = panels.nth(index)
         reference = panel.locator("table.grid[data-side=reference]")
         engine = panel.locator("table.grid[data-side=engine]")
-        left, right = reference.bounding_box(), engine.bounding_box()
+        # What the page shows of each table is its scroll box: a grid wider than its half of the
+        # page (a pool of many blocks) scrolls inside it instead of running under the other side.
+        left, right = (table.locator("xpath=..").bounding_box() for table in (reference, engine))
         assert left and right and min(left["width"], left["height"], right["width"], right["height"]) > 0
+        for table in (reference, engine):
+            assert table.evaluate("t => t.parentElement.classList.contains('scroll') && getComputedStyle("
+                                  "t.parentElement).overflowX === 'auto' && t.parentElement.scrollWidth >= "
+                                  "t.getBoundingClientRect().width - 1")
         # Side by side: the engine's table to the right of the reference's, on the same rows of the page.
         assert left["x"] + left["width"] <= right["x"]
         assert left["y"] < right["y"] + right["height"] and right["y"] < left["y"] + left["height"]
