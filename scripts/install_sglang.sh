@@ -39,6 +39,8 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/cpu_venv.sh
+source scripts/cpu_venv.sh
 
 SGLANG_VERSION="0.5.23"
 VENV_SGLANG="${VENV_SGLANG:-.venv-sglang}"
@@ -74,19 +76,6 @@ print(f"sglang {version('sglang')} with torch {torch.__version__} "
 EOF
 }
 
-# Exits 0 when kvoracle is installed editable from this checkout with the test pins.
-check_kvoracle() {
-    "$1" - "$PWD" "${test_pins[@]}" <<'EOF'
-import os, sys
-from importlib.metadata import version
-import kvoracle
-assert os.path.realpath(kvoracle.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
-for pin in sys.argv[2:]:
-    name, wanted = pin.split("==")
-    assert version(name) == wanted, f"{name} {version(name)}, not {wanted}"
-EOF
-}
-
 py="$VENV_SGLANG/bin/python"
 if [[ -x "$py" ]] && check_kvoracle "$py" 2>/dev/null && check_sglang "$py" 2>/dev/null; then
     echo "$VENV_SGLANG is complete"
@@ -94,29 +83,7 @@ if [[ -x "$py" ]] && check_kvoracle "$py" 2>/dev/null && check_sglang "$py" 2>/d
     exit 0
 fi
 
-if [[ ! -x "$py" ]]; then
-    echo "creating $VENV_SGLANG"
-    "$PYTHON" -m venv "$VENV_SGLANG"
-    # git ignores it wherever it lies (as venv does itself from Python 3.13 on).
-    echo '*' > "$VENV_SGLANG/.gitignore"
-fi
-pip=("$py" -m pip install --disable-pip-version-check)
-
-echo "1/5 torch==$TORCH_VERSION (CPU build)"
-# Few retries: where the CPU index is unreachable, pip's configured find-links may still
-# hold the CPU wheel, and the check below refuses anything else.
-"${pip[@]}" --timeout 15 --retries 1 --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
-"$py" - <<'EOF'
-import torch
-assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
-print(f"torch {torch.__version__} (CPU)")
-EOF
-
-# Pin the installed torch (e.g. 2.13.0+cpu) for every later step, whatever pip call makes it.
-constraints="$(mktemp)"
-trap 'rm -f "$constraints"' EXIT
-"$py" -c 'import torch; print(f"torch=={torch.__version__}")' > "$constraints"
-export PIP_CONSTRAINT="$constraints"
+new_cpu_venv "$VENV_SGLANG"
 
 echo "2/5 sglang==$SGLANG_VERSION (without dependencies)"
 "${pip[@]}" --no-deps "sglang==$SGLANG_VERSION"

@@ -30,6 +30,8 @@
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=scripts/cpu_venv.sh
+source scripts/cpu_venv.sh
 
 VLLM_VERSION="${VLLM_VERSION:-0.33.0}"
 if [[ "$VLLM_VERSION" == 0.33.0 ]]; then
@@ -158,19 +160,6 @@ print(f"vllm {vllm.__version__} with torch {torch.__version__} (sha256 in {sha25
 EOF
 }
 
-# Exits 0 when kvoracle is installed editable from this checkout with the test pins.
-check_kvoracle() {
-    "$1" - "$PWD" "${test_pins[@]}" <<'EOF'
-import os, sys
-from importlib.metadata import version
-import kvoracle
-assert os.path.realpath(kvoracle.__file__).startswith(os.path.realpath(sys.argv[1]) + os.sep)
-for pin in sys.argv[2:]:
-    name, wanted = pin.split("==")
-    assert version(name) == wanted, f"{name} {version(name)}, not {wanted}"
-EOF
-}
-
 py="$VENV_VLLM/bin/python"
 if [[ -x "$py" ]] && check_vllm "$py" 2>/dev/null && check_kvoracle "$py" 2>/dev/null; then
     echo "$VENV_VLLM is complete"
@@ -178,37 +167,16 @@ if [[ -x "$py" ]] && check_vllm "$py" 2>/dev/null && check_kvoracle "$py" 2>/dev
     exit 0
 fi
 
-if [[ ! -x "$py" ]]; then
-    echo "creating $VENV_VLLM"
-    "$PYTHON" -m venv "$VENV_VLLM"
-    # git ignores it wherever it lies (as venv does itself from Python 3.13 on).
-    echo '*' > "$VENV_VLLM/.gitignore"
-fi
-pip=("$py" -m pip install --disable-pip-version-check)
-
-echo "1/5 torch==$TORCH_VERSION (CPU build)"
-# Few retries: where the CPU index is unreachable, pip's configured find-links may still
-# hold the CPU wheel, and the check below refuses anything else.
-"${pip[@]}" --timeout 15 --retries 1 --index-url "$TORCH_INDEX_URL" "torch==$TORCH_VERSION"
-"$py" - <<'EOF'
-import torch
-assert torch.version.cuda is None, f"torch {torch.__version__} is a CUDA build"
-print(f"torch {torch.__version__} (CPU)")
-EOF
-
-# Pin the installed torch (e.g. 2.13.0+cpu) for every later step.
-constraints="$(mktemp)"
-trap 'rm -f "$constraints"' EXIT
-"$py" -c 'import torch; print(f"torch=={torch.__version__}")' > "$constraints"
+new_cpu_venv "$VENV_VLLM"
 
 echo "2/5 vllm==$VLLM_VERSION and $xgrammar (without dependencies)"
-"${pip[@]}" -c "$constraints" --no-deps "vllm==$VLLM_VERSION" "$xgrammar"
+"${pip[@]}" --no-deps "vllm==$VLLM_VERSION" "$xgrammar"
 
 echo "3/5 the packages vLLM $VLLM_VERSION imports at import time"
-"${pip[@]}" -c "$constraints" "${packages[@]}"
+"${pip[@]}" "${packages[@]}"
 
 echo "4/5 kvoracle (editable) and the test pins: ${test_pins[*]}"
-"${pip[@]}" -c "$constraints" -e . "${test_pins[@]}"
+"${pip[@]}" -e . "${test_pins[@]}"
 
 echo "5/5 checking the import"
 check_vllm "$py"
