@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 from broken_tree_engines import BROKEN
+from tree_meta import assert_convicted, outcomes, run
 
 from kvoracle.conformance.harness.capabilities import Capabilities
 from kvoracle.conformance.harness.engines import builtin_engines, engine_factory
 from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.suites import get_suite
-from kvoracle.conformance.harness.verdicts import RuleViolation, applicability
+from kvoracle.conformance.harness.verdicts import applicability
 from kvoracle.conformance.prefix_tree import (
     Arrive,
     Compute,
@@ -24,18 +24,7 @@ from kvoracle.conformance.prefix_tree import (
     TreeSetup,
 )
 from kvoracle.reference.prefix_tree import PageAllocator, PrefixTree
-from kvoracle.spec import ConfigError, all_rules
-
-OPTIONS = dict(max_examples=100, step_count=40, seed=0, max_rounds=2, replay_dir=None)
-TREE_RULES = [rule.id for rule in all_rules() if rule.area == "TREE" and rule.judged_by]
-
-
-def run(factory, **overrides):
-    return run_suite(factory, RunOptions(**{**OPTIONS, **overrides}), suite="prefix-tree")
-
-
-def outcomes(result):
-    return {rule_id: result.verdicts.outcomes[rule_id].outcome for rule_id in TREE_RULES}
+from kvoracle.spec import ConfigError
 
 
 def test_reference_passes_every_rule_it_is_judged_on():
@@ -48,14 +37,7 @@ def test_reference_passes_every_rule_it_is_judged_on():
 
 @pytest.mark.parametrize(("broken", "rule_id"), list(BROKEN.items()), ids=[b.name for b in BROKEN])
 def test_broken_tree_is_convicted_of_its_rule(broken, rule_id):
-    result = run(broken)
-    # "error": the reference underneath raised, naming the rule (an engine that checks itself).
-    assert outcomes(result)[rule_id] in ("fail", "error"), outcomes(result)
-    outcome = result.verdicts.outcomes[rule_id]
-    example = (outcome.counterexamples or outcome.errors)[0]
-    with pytest.raises(RuleViolation) as caught:
-        replay("prefix-tree", broken, example.steps)
-    assert caught.value.rule_id == rule_id
+    assert_convicted(broken, rule_id)
 
 
 def test_a_written_case_replays_clean_on_the_reference():

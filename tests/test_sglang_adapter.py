@@ -19,25 +19,11 @@ except SGLangUnavailable as missing:
     pytest.skip(f"SGLang is not installed here ({missing}); make test-sglang installs it", allow_module_level=True)
 
 from broken_sglang_engines import BROKEN
+from tree_meta import assert_convicted, outcomes, run
 
 from kvoracle.conformance.engines.sglang import SGLangRadixCache, namespace_of
 from kvoracle.conformance.harness.capabilities import Capabilities
-from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.runner import RunOptions, run_suite
-from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.prefix_tree import TreeSetup
-from kvoracle.spec import all_rules
-
-OPTIONS = dict(max_examples=100, step_count=40, seed=0, max_rounds=2, replay_dir=None)
-TREE_RULES = [rule.id for rule in all_rules() if rule.area == "TREE" and rule.judged_by]
-
-
-def run(factory, **overrides):
-    return run_suite(factory, RunOptions(**{**OPTIONS, **overrides}), suite="prefix-tree")
-
-
-def outcomes(result):
-    return {rule_id: result.verdicts.outcomes[rule_id].outcome for rule_id in TREE_RULES}
 
 
 class PageRecencyClaimed(SGLangRadixCache):
@@ -76,13 +62,7 @@ def test_declaring_page_recency_is_convicted_of_kv_tree_008():
 
 @pytest.mark.parametrize(("broken", "rule_id"), list(BROKEN.items()), ids=[b.name for b in BROKEN])
 def test_broken_sglang_cache_is_convicted_of_its_rule(broken, rule_id):
-    result = run(broken)
-    assert outcomes(result)[rule_id] in ("fail", "error"), outcomes(result)
-    outcome = result.verdicts.outcomes[rule_id]
-    example = (outcome.counterexamples or outcome.errors)[0]
-    with pytest.raises(RuleViolation) as caught:
-        replay("prefix-tree", broken, example.steps)
-    assert caught.value.rule_id == rule_id
+    assert_convicted(broken, rule_id)
 
 
 def test_the_clock_is_logical_and_the_stub_refuses_use():
