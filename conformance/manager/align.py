@@ -188,7 +188,8 @@ class AlignJudge:
                 f"the allocation for {request_id} returned {list(got)} for Mamba group {g}; the table's new "
                 f"entries (nulls and moved pages included) are {list(want)}"))
 
-    def _align_free_rule(self, pages: set[int], expected: Sequence[int] | None, actual: Sequence[int] | None) -> bool:
+    def _only_mamba_order_differs(self, pages: set[int], expected: Sequence[int] | None,
+                                  actual: Sequence[int] | None) -> bool:
         """KV-MAMBA-012: whether a free queue differs only in the order of the freed Mamba ``pages``."""
         if expected is None or actual is None or tuple(expected) == tuple(actual) or len(pages) < 2:
             return False

@@ -332,12 +332,20 @@ class GroupsRules:
         self.reject_drafts(data)  # twice the weight: it needs a model, a request and a pool to line up
 
     def _first_failing_lookahead(self, request_id: str) -> int:
-        """The smallest look-ahead with which the reference's next one-token step fails, or 0."""
+        """The smallest look-ahead with which the reference's next one-token step fails, or 0.
+        (A longer look-ahead needs at least as many blocks: a bisection over copies.)"""
         model = self.driver.model
-        for lookahead in range(1, self.driver.setup.max_model_len):
-            if copy.deepcopy(model).allocate(request_id, 1, 0, lookahead) is None:
-                return lookahead
-        return 0
+
+        def fails(lookahead: int) -> bool:
+            return copy.deepcopy(model).allocate(request_id, 1, 0, lookahead) is None
+
+        low, high = 1, self.driver.setup.max_model_len - 1
+        if high < low or not fails(high):
+            return 0
+        while low < high:
+            middle = (low + high) // 2
+            low, high = (low, middle) if fails(middle) else (middle + 1, high)
+        return low
 
     @precondition(lambda self: self.driver.several_groups)
     @rule()

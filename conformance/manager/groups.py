@@ -217,7 +217,7 @@ class GroupsJudge(AlignJudge):
         if len(pages) > 1:  # an align-mode Mamba table is released tail first, its nulls skipped
             seen = self.call("observe", rule="KV-HLC-001").free_queue  # type: ignore[attr-defined]
             mine = self.model.observe().free_queue
-            self.verdicts.check("KV-MAMBA-012", not self._align_free_rule(pages, mine, seen), lambda: _diff(
+            self.verdicts.check("KV-MAMBA-012", not self._only_mamba_order_differs(pages, mine, seen), lambda: _diff(
                 f"free queue (the Mamba pages {sorted(pages)} of {step.request_id} in another order)", mine, seen))
         actual = self._groups_judge(_rules("KV-HLC-004", tables="KV-LIFE-009"))
         self.verdicts.check("KV-LIFE-009", step.request_id not in actual.block_tables,
