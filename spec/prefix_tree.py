@@ -400,6 +400,19 @@ def capacity_balances(free: int, cached: int, requests: int, capacity: int) -> b
     return free + cached + requests == capacity
 
 
+@icontract.ensure(lambda result, expected, actual: not result or len(expected) == len(actual), enabled=ENABLED)
+@icontract.ensure(lambda result, expected, actual: not result or set(expected) == set(actual),
+                  "the same pages in the same slots, whatever the listing's order", enabled=ENABLED)
+@defines(KV_TREE_013)
+def same_content(expected: tuple[tuple[object, tuple[int, ...]], ...],
+                 actual: tuple[tuple[object, tuple[int, ...]], ...]) -> bool:
+    """Whether a cache listing its held pages as ``(page, slots)`` pairs in ``actual`` holds exactly
+    the pages of ``expected``, each in the same slots. A listing that names a page twice never
+    does. (A step that changes no content, a lookup, leaves the listing it found.)"""
+    return len({page for page, _ in actual}) == len(actual) and len({page for page, _ in expected}) == len(
+        expected) and dict(expected) == dict(actual)
+
+
 @icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
 @icontract.require(lambda page_locks: all(c >= 0 for c in page_locks), enabled=ENABLED)
 @icontract.ensure(lambda result, page_locks, page_size: result[0] + result[1] == len(page_locks) * page_size,

@@ -635,3 +635,18 @@ def test_crosshair_passes_the_mamba_chapter() -> None:
     functions = {name for line in analysed for name in re.findall(r"def (\w+)", "\n".join(
         source[line - 1:line + 40]))[:1]}
     assert {"align_layout", "align_need", "align_blocks_to_free", "reserved_checkpoint"} <= functions, output
+
+
+@given(start=st.integers(0, 40), length=st.integers(0, 30), prefill_end=st.integers(0, 60),
+       block_size=st.sampled_from([1, 2, 3, 4, 8]))
+def test_the_scheduler_cuts_a_chunk_to_keep_states(start: int, length: int, prefill_end: int, block_size: int) -> None:
+    """KV-MAMBA-016: the chunk the scheduler keeps obeys the rule, is the wanted one when that
+    obeys it already, and otherwise the longest that does (nothing, where no boundary lies inside)."""
+    end = mamba.aligned_chunk_end(start, start + length, prefill_end, block_size)
+    assert start <= end <= start + length and mamba.chunk_keeps_states(start, end, prefill_end, block_size)
+    if mamba.chunk_keeps_states(start, start + length, prefill_end, block_size):
+        assert end == start + length
+    else:
+        longer = [e for e in range(end + 1, start + length + 1) if mamba.chunk_keeps_states(start, e, prefill_end,
+                                                                                              block_size)]
+        assert not longer, longer  # the longest chunk within the wish that obeys it

@@ -163,6 +163,13 @@ TESTED = {
     "mamba.checkpoint_key_tokens", "mamba.chunk_keeps_states", "mamba.running_index",
     "mamba.states_written", "mamba.align_table_ok", "mamba.align_free_order",
     "mamba.num_required_entries", "mamba.checkpoint_exportable", "mamba.checkpoint_position",
+    "mamba.aligned_chunk_end",  # tests/test_mamba_align_spec.py
+    # prefix_tree (chapter 14): property-tested in tests/test_prefix_tree_spec.py
+    "prefix_tree.is_aligned_hit", "prefix_tree.longest_held_prefix", "prefix_tree.misread_positions",
+    "prefix_tree.foreign_positions", "prefix_tree.is_prefix_closed", "prefix_tree.evicted_enough",
+    "prefix_tree.evicts_no_locked_page", "prefix_tree.lru_leaf_order", "prefix_tree.removes_an_lru_prefix",
+    "prefix_tree.pages_stamped", "prefix_tree.capacity_balances", "prefix_tree.same_content",
+    "prefix_tree.cache_sizes", "prefix_tree.locked_counts", "prefix_tree.first_invalid_tree_parameter",
 }
 
 

@@ -1,0 +1,125 @@
+"""Properties of chapter 14's functions (spec/prefix_tree.py), each against a statement of its own
+or a worked example; the functions' contracts are armed while they run."""
+
+from __future__ import annotations
+
+import itertools
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kvoracle.spec import prefix_tree as spec
+
+PAGE = st.integers(1, 4)
+
+
+@given(st.integers(-2, 12), st.integers(0, 12), st.integers(0, 12), PAGE)
+def test_an_aligned_hit_is_a_whole_page_prefix_with_a_slot_per_token(hit, slots, tokens, page) -> None:
+    assert spec.is_aligned_hit(hit, slots, tokens, page) == (0 <= hit <= tokens and hit % page == 0 and slots == hit)
+
+
+@given(st.lists(st.booleans(), max_size=8).map(tuple), st.integers(0, 40), PAGE)
+def test_the_longest_held_prefix_is_the_first_run_of_held_pages(held, tokens, page) -> None:
+    pages = min(len(held), tokens // page)
+    run = next((j for j in range(pages) if not held[j]), pages)
+    assert spec.longest_held_prefix(held, tokens, page) == run * page
+
+
+def test_misread_and_foreign_positions() -> None:
+    tokens = (5, 6, 7)
+    right = ((1, (5,)), (1, (5, 6)), (1, (5, 6, 7)))
+    assert spec.misread_positions(right, 1, tokens) == ()
+    assert spec.misread_positions(((1, (5,)), (2, (5, 6)), (1, (5, 9))), 1, tokens) == (1, 2)
+    assert spec.foreign_positions((1, 2, 1, 3), 1) == (1, 3)
+    assert spec.foreign_positions((), 1) == ()
+
+
+@st.composite
+def _forests(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[int, ...], tuple[int, ...]]:
+    size = draw(st.integers(0, 7))
+    parents = tuple(draw(st.integers(-1, i - 1)) for i in range(size))
+    held = tuple(draw(st.booleans()) for _ in range(size))
+    stamps = tuple(draw(st.integers(0, 5)) for _ in range(size))
+    locks = tuple(draw(st.sampled_from([0, 0, 0, 1])) for _ in range(size))
+    return parents, held, stamps, locks
+
+
+@given(_forests())
+def test_prefix_closed_means_no_held_page_under_a_missing_one(forest) -> None:
+    parents, held, _, _ = forest
+    orphan = any(h and p >= 0 and not held[p] for p, h in zip(parents, held))
+    assert spec.is_prefix_closed(parents, held) == (not orphan)
+
+
+@given(_forests())
+def test_the_lru_order_removes_exactly_the_pages_without_locks_below(forest) -> None:
+    parents, _, stamps, locks = forest
+    order = spec.lru_leaf_order(parents, stamps, locks)
+
+    def locked_below(i: int) -> bool:
+        return locks[i] > 0 or any(parents[c] == i and locked_below(c) for c in range(len(parents)))
+
+    assert set(order) == {i for i in range(len(parents)) if not locked_below(i)}
+    assert spec.removes_an_lru_prefix(order[:2][::-1], order)
+    if len(order) > 1:
+        assert not spec.removes_an_lru_prefix((order[1],), order)
+
+
+def test_lru_order_worked_example() -> None:
+    # 0 -> 1 -> 2 and 0 -> 3; page 2 is the oldest leaf, then 1 becomes a leaf older than 3.
+    assert spec.lru_leaf_order((-1, 0, 1, 0), (9, 2, 1, 5), (0, 0, 0, 0)) == (2, 1, 3, 0)
+    assert spec.lru_leaf_order((-1, 0, 1, 0), (9, 2, 1, 5), (0, 0, 1, 0)) == (3,)
+
+
+@given(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20), st.integers(0, 20))
+def test_eviction_promise(asked, evictable, removed, reported) -> None:
+    assert spec.evicted_enough(asked, evictable, removed, reported) == (
+        min(asked, evictable) <= removed <= evictable and reported == removed)
+
+
+@given(st.lists(st.integers(0, 3), max_size=6).map(tuple))
+def test_no_locked_page_is_evicted(locks) -> None:
+    assert spec.evicts_no_locked_page(locks) == (sum(locks) == 0)
+
+
+@given(st.integers(0, 6), st.integers(0, 6), st.sampled_from(spec.RECENCY_MODES))
+def test_pages_stamped(hit, after, recency) -> None:
+    stamped = spec.pages_stamped(hit, after, recency)
+    assert stamped == (hit + after if recency == spec.SEGMENT_RECENCY and hit else hit)
+
+
+@given(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 30))
+def test_capacity_balances(free, cached, requests, capacity) -> None:
+    assert spec.capacity_balances(free, cached, requests, capacity) == (free + cached + requests == capacity)
+
+
+@given(st.dictionaries(st.tuples(st.integers(0, 2), st.integers(0, 3)), st.tuples(st.integers(0, 9)), max_size=5),
+       st.randoms(use_true_random=False))
+def test_same_content_ignores_order_and_catches_any_change(pages, random) -> None:
+    listing = tuple(pages.items())
+    shuffled = list(listing)
+    random.shuffle(shuffled)
+    assert spec.same_content(listing, tuple(shuffled))
+    if listing:
+        key, slots = listing[0]
+        assert not spec.same_content(listing, (*listing, (key, slots)))  # a page listed twice
+        assert not spec.same_content(listing, listing[1:])  # a page missing
+        assert not spec.same_content(listing, ((key, (slots[0] + 1,)), *listing[1:]))  # moved slots
+
+
+@given(st.lists(st.integers(0, 3), max_size=6).map(tuple), PAGE)
+def test_cache_sizes_split_by_lock(locks, page) -> None:
+    evictable, protected = spec.cache_sizes(locks, page)
+    assert protected == page * sum(1 for c in locks if c) and evictable == page * sum(1 for c in locks if not c)
+
+
+@given(st.lists(st.integers(0, 3), max_size=6).map(tuple), st.integers(0, 30), PAGE)
+def test_a_lock_counts_once_on_each_page_of_its_path(counts, hit, page) -> None:
+    after = spec.locked_counts(counts, hit, page)
+    assert after == tuple((counts[j] if j < len(counts) else 0) + 1 for j in range(hit // page))
+
+
+def test_first_invalid_tree_parameter() -> None:
+    for page_size, num_pages in itertools.product((-1, 0, 1, 4), (-1, 0, 1, 8)):
+        want = "page_size" if page_size < 1 else "num_pages" if num_pages < 1 else ""
+        assert spec.first_invalid_tree_parameter(page_size, num_pages) == want
