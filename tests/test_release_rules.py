@@ -16,10 +16,11 @@ from functools import partial
 
 import attrs
 import pytest
+from broken_groups import groups_engine
 from broken_hybrid_engines import MambaEagleMargin, _Unchecked
 from broken_loop import broken_fixed_point
 from broken_store_gap_engines import _MarkedGroupsDrop, _UncheckedCoordinator
-from test_hybrid_lifecycle import PartialTailAtPromptEnd, _engine
+from test_hybrid_lifecycle import PartialTailAtPromptEnd
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.external_store import LookUp as StoreLookUp
@@ -202,12 +203,13 @@ CASES = {
         Put(prompt=0, group=0, hash_indices=()), Put(prompt=0, group=1, hash_indices=(1, 2)),
         StoreLookUp(prompt=0, max_length=None)]),
     # vLLM 0.27.1's shrunk counterexample (charged to KV-HLC-004 before the suite named it).
-    "partial tail at the prompt end": ("manager", _engine(PartialTailAtPromptEnd), "KV-HLC-006", [
+    "partial tail at the prompt end": ("manager", groups_engine(PartialTailAtPromptEnd), "KV-HLC-006", [
         ConfigureGroups((("full", 1, 0), ("full", 1, 0), ("full", 2, 0)), 1, 9, 8), AddRequest("r0", (0,)),
         Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Evict((3,)), AppendTokens("r0", (0,)),
         Schedule("r0", 1), Free("r0")]),
     # vLLM 0.26.0's: the queue the other free order leaves too (charged to KV-POOL-006 then).
-    "partial tail at the prompt end, not the free order": ("manager", _engine(PartialTailAtPromptEnd), "KV-HLC-006", [
+    "partial tail at the prompt end, not the free order": (
+        "manager", groups_engine(PartialTailAtPromptEnd), "KV-HLC-006", [
         ConfigureGroups((("full", 2, 0), ("full", 1, 0), ("sliding_window", 1, 1)), 1, 8, 8), AddRequest("r0", (0,)),
         Schedule("r0", 1), AppendTokens("r0", (0, 0)), Schedule("r0", 2), Evict((1,)), AppendTokens("r0", (0,)),
         Schedule("r0", 1), AppendTokens("r0", (0,)), Schedule("r0", 1), Free("r0")]),
