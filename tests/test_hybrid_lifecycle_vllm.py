@@ -6,10 +6,38 @@ import pytest
 
 pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm.sh)")
 
+import sys
+from pathlib import Path
+
 from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.runner import RunOptions, run_suite
+from kvoracle.conformance.harness.runner import RunOptions, RunResult, run_suite
+from kvoracle.conformance.harness.verdicts import GOOD_OUTCOMES
 from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, Schedule
 from kvoracle.spec import all_rules
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import zoo
+
+
+def _known_bugs(version: str) -> set[str]:
+    """The rules of the manager suite that the zoo's bugs of this release break (for 0.33.0:
+    the two align-mode Mamba bugs, KV-MAMBA-008 and KV-MAMBA-017)."""
+    return {bug.rule for bug in zoo.ZOO if bug.suite == "manager" and zoo._version_in(version, bug.releases)}
+
+
+def _unexplained(result: RunResult) -> list[tuple[str, str, list[str]]]:
+    """Every rule that is neither passed nor one of the release's known bugs, with its messages.
+
+    A known bug may or may not be reached in a bounded run (the zoo row, 400 examples, must
+    convict it); any other failure, error or unexercised rule is a new difference."""
+    known = _known_bugs(result.engine_version)
+    run_faults = [("run", "internal error", [repr(error) for error in result.internal_errors])
+                  ] if result.internal_errors else []
+    if result.incomplete is not None:
+        run_faults.append(("run", "incomplete", [str(result.incomplete)]))
+    return run_faults + [(o.rule_id, o.outcome, [c.message for c in [*o.counterexamples, *o.errors]])
+            for o in result.verdicts.outcomes.values()
+            if o.outcome not in GOOD_OUTCOMES and o.rule_id not in known]
 
 
 def test_partial_tail_entry_orders_the_free_queue_as_specified() -> None:
@@ -27,19 +55,18 @@ def test_sliding_window_lifecycle_matches() -> None:
 
 
 @pytest.mark.parametrize("seed", [0, 2])
-def test_bounded_suite_passes(seed: int) -> None:
+def test_bounded_suite_fails_only_on_the_known_bugs(seed: int) -> None:
     result = run_suite("vllm", RunOptions(max_examples=200, seed=seed, replay_dir=None), suite="hybrid-lifecycle")
-    assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
-                       for o in result.verdicts.outcomes.values() if o.outcome not in ("pass", "not-applicable")]
+    assert not _unexplained(result), _unexplained(result)
 
 
 def test_vllm_in_a_paged_store_keeps_every_groups_data() -> None:
-    """KV-DATA-001..006 around vLLM's hybrid manager: one store tensor per group."""
+    """KV-DATA-001..006 around vLLM's hybrid manager: one store tensor per group; every other rule
+    passes too, but for the release's known bugs."""
     pytest.importorskip("torch", reason="the paged store needs torch")
     data_rules = [rule.id for rule in all_rules() if rule.chapter == "data_integrity"]
     result = run_suite("paged-vllm", RunOptions(max_examples=150, seed=1, replay_dir=None),
                        suite="hybrid-lifecycle")
     outcomes = result.verdicts.outcomes
-    assert result.ok, [(o.rule_id, o.outcome, [c.message for c in o.counterexamples])
-                       for o in outcomes.values() if o.outcome not in ("pass", "not-applicable")]
+    assert not _unexplained(result), _unexplained(result)
     assert data_rules and all(outcomes[rule_id].checks > 0 for rule_id in data_rules)

@@ -284,6 +284,25 @@ class GroupsRules:
         chosen = data.draw(st.lists(st.sampled_from(cached) if cached else any_block, max_size=3)
                            | st.lists(any_block, max_size=2), label="block ids")
         self.driver.apply(Evict(tuple(chosen)))
+        if self.driver.setup.align_groups:
+            self._fail_holders(set(chosen))
+
+    def _fail_holders(self, evicted: set[int]) -> None:
+        """Free every live request holding an evicted block, as vLLM's scheduler does.
+
+        The scheduler evicts only the blocks of requests whose KV failed to load, and fails
+        those requests at once (``Scheduler._handle_invalid_blocks``): no request runs on
+        after one of its blocks lost its key. In align mode the difference shows: a running
+        request's Mamba page at its prompt's last hash boundary is keyed again by its next
+        step in vLLM (it re-keys a page whose own key is missing) and not in the reference (it
+        counts the page as cached already), after a sequence the real engine never produces.
+        Without align groups both agree, so the other models keep their wider sequences.
+        """
+        tables = self.driver.model.observe().block_tables
+        for request_id in sorted(tables):
+            if request_id in self.driver.model.requests and any(
+                    block in evicted for table in tables[request_id] for block in table):
+                self.driver.apply(Free(request_id))
 
     def _has_align_group(self) -> bool:
         return self._alive() and bool(self.driver.setup.align_groups)
