@@ -344,11 +344,15 @@ KV_MAMBA_014 = rule(
     """A step without draft tokens that brings a request to T main tokens writes the state
     after T tokens into table entry cdiv(T, B) - 1 and, with a checkpoint at p (KV-MAMBA-006),
     the state after p tokens into entry cdiv(T, B) - 2; it writes no other state page of the
-    request.""",
-    source="vllm/v1/worker/mamba_utils.py preprocess_mamba (curr_state_idx); "
+    request. It starts from the state the previous step left in its running page (a request's
+    first step: the hit's state page, entry (C - 1) // B for C computed tokens), so that page
+    and the pages it writes are real blocks of the table, never null or past its end.""",
+    source="vllm/v1/worker/mamba_utils.py preprocess_mamba (prev_state_idx, curr_state_idx); "
+           "vllm/model_executor/layers/mamba/checkpoint.py compute_mamba_prefill_checkpoints; "
            f"{STKV} MambaManager.allocate_new_blocks",
     chapter=CHAPTER,
-    needs=("kv_data", "kv_cache_groups"),
+    needs=("kv_data", "kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_015 = rule(
     "KV-MAMBA-015",
@@ -356,11 +360,14 @@ KV_MAMBA_015 = rule(
     """When a request adopts a Mamba hit of L tokens, its state page (the hit's last entry)
     holds the state after exactly L tokens of the request's prompt, provided every step that
     wrote states obeyed KV-MAMBA-016 and hits on pages cached in the current step were
-    deferred (KV-MAMBA-009).""",
+    deferred (KV-MAMBA-009). More generally, once the step that cached it has run, a page
+    cached under the key of a prefix of P tokens holds the state after P tokens for as long as
+    it stays cached.""",
     source=f"{STKV} MambaManager.find_longest_cache_hit / cache_blocks; {SCHED} "
            "Scheduler._mamba_block_aligned_split",
     chapter=CHAPTER,
-    needs=("kv_data", "kv_cache_groups"),
+    needs=("kv_data", "kv_cache_groups", "mamba_align"),
+    judged_by=("manager",),
 )
 KV_MAMBA_016 = rule(
     "KV-MAMBA-016",

@@ -59,13 +59,7 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 #: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that). It was
 #: empty from KV-EXT-014 on; chapter 8's data rules wait here for a paged store of Mamba states
 #: (the manager suite judges the align mode's other rules).
-NOT_YET_JUDGED: dict[str, str] = {
-    "KV-MAMBA-014": "a paged store that writes a state value per Mamba page (the state after T tokens at "
-                    "cdiv(T, B) - 1, a checkpoint's at its page) driven by the manager suite's align-mode "
-                    "groups",
-    "KV-MAMBA-015": "the paged store of KV-MAMBA-014, reading a hit's state page when a request adopts it, "
-                    "with chunks generated to obey KV-MAMBA-016",
-}
+NOT_YET_JUDGED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

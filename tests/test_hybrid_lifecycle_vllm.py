@@ -61,8 +61,9 @@ def test_bounded_suite_fails_only_on_the_known_bugs(seed: int) -> None:
 
 
 def test_vllm_in_a_paged_store_keeps_every_groups_data() -> None:
-    """KV-DATA-001..006 around vLLM's hybrid manager: one store tensor per group; every other rule
-    passes too, but for the release's known bugs."""
+    """KV-DATA-001..006 around vLLM's hybrid manager: one store tensor per group, a state per
+    align-mode Mamba page (KV-MAMBA-014/015); every other rule passes too, but for the release's
+    known bugs."""
     pytest.importorskip("torch", reason="the paged store needs torch")
     data_rules = [rule.id for rule in all_rules() if rule.chapter == "data_integrity"]
     result = run_suite("paged-vllm", RunOptions(max_examples=150, seed=1, replay_dir=None),
@@ -70,3 +71,4 @@ def test_vllm_in_a_paged_store_keeps_every_groups_data() -> None:
     outcomes = result.verdicts.outcomes
     assert not _unexplained(result), _unexplained(result)
     assert data_rules and all(outcomes[rule_id].checks > 0 for rule_id in data_rules)
+    assert outcomes["KV-MAMBA-014"].checks > 0 and outcomes["KV-MAMBA-015"].checks > 0  # the state pages

@@ -10,7 +10,9 @@ observation carries the results of checking the store against what each request
 should see (``Observation.data_checks``), which the suites record like any other
 invariant. Each group is judged on the positions it still relies on (spec
 ``first_relied_position``, KV-DATA-006): a sliding-window or chunked-local group
-owes nothing before its window; Mamba and cross-attention groups are not written.
+owes nothing before its window; cross-attention groups and Mamba groups without prefix
+caching are not written. An align-mode Mamba group gets a state per page, written as vLLM's
+model runner writes it and judged by KV-MAMBA-014/015 (:mod:`.paged_mamba`).
 
 :class:`PagedReferenceEngine` and :class:`PagedVllmEngine` wrap the reference and
 vLLM for the manager suite (``--engine paged-reference`` or ``paged-vllm``), over one
@@ -42,6 +44,7 @@ from ..adapter import (
     Lookup,
     Observation,
 )
+from .paged_mamba import MambaStatePages, align_groups_of
 
 
 @attrs.frozen
@@ -92,6 +95,8 @@ class _Tracked:
     scheduled: int = 0
     #: The verdicts on the data of the request's last lookup: (rule id, ok, message) each.
     lookup_check: tuple[tuple[str, bool, str], ...] = ()
+    #: The verdicts on the Mamba state pages its last step read and wrote (KV-MAMBA-014).
+    step_check: tuple[tuple[str, bool, str], ...] = ()
 
 
 class PagedStoreWrapper:
@@ -106,6 +111,9 @@ class PagedStoreWrapper:
     ``HybridConfig``): the store has one tensor per group either way.
     """
 
+    #: The model runner of the align-mode Mamba groups (a seam for the meta-tests' broken runners).
+    mamba_pages_class = MambaStatePages
+
     def __init__(self, inner: EngineAdapter, device: torch.device | str | None = None) -> None:
         self.inner = inner
         #: A subclass may name itself; a plain wrapper is named after what it wraps.
@@ -117,6 +125,10 @@ class PagedStoreWrapper:
         self.tracked: dict[str, _Tracked] = {}
         #: (cache key, group) -> the values its block holds (every prefix seen since configure).
         self.key_values: dict[KeyRef, tuple[int, ...]] = {}
+        #: The runner of the align-mode Mamba groups' state pages (None without any).
+        self.mamba: MambaStatePages | None = None
+        #: (cache key, Mamba group) -> (the prefix length it names, the state after that prefix).
+        self.key_states: dict[KeyRef, tuple[int, int]] = {}
 
     # -- forwarded -----------------------------------------------------------------------
     def version(self) -> str:
@@ -133,6 +145,9 @@ class PagedStoreWrapper:
                                   self.device)
         self.tracked = {}
         self.key_values = {}
+        align = align_groups_of(config)
+        self.mamba = self.mamba_pages_class(self.store, align) if align else None
+        self.key_states = {}
 
     def add_request(self, request_id: str, prompt: Sequence[int],
                     cache_salt: str | None = None) -> None:
@@ -158,6 +173,11 @@ class PagedStoreWrapper:
         hash_size = self.config.hash_block_size
         request.hashes = hashing.extend_block_hashes(
             request.hashes, tuple(request.tokens), hash_size, request.salt)
+        for group in self.mamba.groups if self.mamba is not None else ():
+            for index in range(known, len(request.hashes)):  # the page is the hash block (KV-MAMBA-003)
+                tokens = (index + 1) * hash_size
+                self.key_states.setdefault((request.hashes[index], group.group_id),
+                                           (tokens, request.values[tokens - 1]))
         for group_id, group in enumerate(self.groups):
             if not group.holds_token_kv:
                 continue
@@ -172,7 +192,11 @@ class PagedStoreWrapper:
     def lookup(self, request_id: str, max_cache_hit_length: int | None = None) -> Lookup:
         hit = self.inner.lookup(request_id) if max_cache_hit_length is None else \
             self.inner.lookup(request_id, max_cache_hit_length)
-        self.tracked[request_id].lookup_check = self._check_hit(request_id, hit)
+        checks = self._check_hit(request_id, hit)
+        if self.mamba is not None:
+            checks += tuple(self.mamba.check_hit(request_id, hit.num_tokens, hit.block_ids,
+                                                 self.tracked[request_id].values))
+        self.tracked[request_id].lookup_check = checks
         return hit
 
     def allocate(self, request_id: str, num_new_tokens: int, num_new_computed_tokens: int,
@@ -203,8 +227,13 @@ class PagedStoreWrapper:
         assert self.store is not None
         request = self.tracked[request_id]
         start = request.computed
-        stop = min(start + max(num_tokens, request.scheduled), len(request.tokens))
+        scheduled = max(num_tokens, request.scheduled)
+        stop = min(start + scheduled, len(request.tokens))
         request.scheduled = 0
+        if self.mamba is not None and num_tokens > 0:
+            request.step_check = tuple(self.mamba.step(
+                request_id, self._write_tables(request_id), request.tokens, request.salt, start,
+                start + num_tokens, scheduled))
         if stop > start:
             tables = self._write_tables(request_id)
             positions = torch.arange(start, stop, device=self.device)
@@ -218,12 +247,14 @@ class PagedStoreWrapper:
 
     def free(self, request_id: str, preempted: bool = False) -> None:
         self.inner.free(request_id, preempted)
+        if self.mamba is not None:
+            self.mamba.forget(request_id)
         if preempted:
             request = self.tracked[request_id]
             request.running = False
             request.computed = request.hit_tokens = request.scheduled = 0
             request.since = []
-            request.lookup_check = ()
+            request.lookup_check = request.step_check = ()
         else:
             del self.tracked[request_id]
 
@@ -346,10 +377,13 @@ class PagedStoreWrapper:
                                f"{null_slots}"))
         for request_id, request in self.tracked.items():
             checks.extend(request.lookup_check)
+            checks.extend(request.step_check)
             if request.running and request.computed:
                 checks.extend(self._check_relied(request_id, request, observation))
         if observation.cached:
             checks.append(self._check_cached(observation.cached))
+            if self.mamba is not None:
+                checks.extend(self.mamba.check_cached(dict(observation.cached), self.key_states))
         return tuple(checks)
 
     def _check_relied(self, request_id: str, request: _Tracked, observation: Observation

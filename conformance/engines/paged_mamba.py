@@ -1,0 +1,241 @@
+"""The Mamba state pages of the paged store: KV-MAMBA-014 and KV-MAMBA-015 (spec chapter 8).
+
+An align-mode Mamba group keeps one state per page instead of a slot per token. The store
+plays vLLM's model runner for it (``vllm/v1/worker/mamba_utils.py``):
+
+* a step starts from the state where the previous step left it -- the page the runner
+  remembers for the request, or, for a request's first step, entry ``(C - 1) // B`` of its
+  table (the hit's state page; no state at all when nothing is computed);
+* it computes the state after the step's committed tokens by chaining the request's tokens
+  into that state (``data_integrity.slot_value``, the stand-in recurrence: a state read
+  from the wrong page yields a wrong state, and stays wrong);
+* it writes the pages :func:`kvoracle.spec.mamba.states_written` names: the running page
+  and, where the backend exports one (``checkpoint_exportable``, decided from the chunk as
+  the backend decides it, not from the table), the checkpoint's page. Every slot of a page
+  holds the page's state.
+
+A page cached under the key of a prefix of ``P`` tokens must hold the state after ``P``
+tokens (KV-MAMBA-015), when a hit offers it and for as long as it stays cached.
+
+Draft tokens are out of this model's reach: with drafts the runner's speculative kernels
+spread states over the running and speculative pages and copy the accepted one back
+(``preprocess_mamba``, ``postprocess_mamba``). A request that schedules drafts -- or starts
+from such a state -- writes :data:`UNKNOWN_STATE` from then on, and pages holding it are not
+judged. The driver's align-mode prefill never carries drafts (they ride only on a step that
+reaches the last token), so every prefill page is judged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvoracle.gpu import PagedKVStore, torch
+from kvoracle.spec import data_integrity as data_spec
+from kvoracle.spec import mamba as mamba_spec
+from kvoracle.spec.hybrid import MAMBA, scheduler_block_size
+from kvoracle.spec.lifecycle import cdiv
+
+KV_MAMBA_014 = mamba_spec.KV_MAMBA_014
+KV_MAMBA_015 = mamba_spec.KV_MAMBA_015
+
+#: What a page holds whose state kvoracle does not model (written after draft tokens). Every
+#: real state is odd (``slot_value`` sets the low bit) and an unwritten slot is 0, so it
+#: collides with neither.
+UNKNOWN_STATE = 2
+
+Check = tuple[str, bool, str]
+
+
+@attrs.frozen
+class AlignGroup:
+    """An align-mode Mamba group as the runner sees it."""
+
+    group_id: int
+    block_size: int
+    #: Whether the backend can export a prefill checkpoint, and at which granularity.
+    checkpoint_alignment: int
+    #: The hit alignment A: the block size with one group, the scheduler block size with several.
+    alignment: int
+    drop_eagle: bool
+    hash_block_size: int
+
+    def checkpoint(self, query_start: int, query_end: int) -> int:
+        """The checkpoint position the backend exports for this chunk, 0 for none (KV-MAMBA-006,
+        the backend's half: it does not look at the table)."""
+        if not self.checkpoint_alignment or cdiv(query_end, self.block_size) < 2:
+            return 0
+        position = mamba_spec.checkpoint_position(query_end, self.alignment, self.drop_eagle)
+        exportable = position > 0 and mamba_spec.checkpoint_exportable(
+            query_start, query_end, position, self.hash_block_size, self.block_size, self.checkpoint_alignment)
+        return position if exportable else 0
+
+
+def align_groups_of(config: object) -> tuple[AlignGroup, ...]:
+    """The align-mode Mamba groups of a hybrid configuration (none for a single-group one)."""
+    specs = getattr(config, "kv_cache_specs", None)
+    if not specs or not getattr(config, "enable_caching", False):
+        return ()
+    several = len(specs) > 1
+    alignment = scheduler_block_size(tuple(s.block_size for s in specs))
+    return tuple(
+        AlignGroup(g, s.block_size,
+                   (s.prefill_checkpoint_alignment or 0) if s.num_prefill_checkpoint_blocks else 0,
+                   alignment if several else s.block_size, bool(config.use_eagle),  # type: ignore[attr-defined]
+                   config.hash_block_size)  # type: ignore[attr-defined]
+        for g, s in enumerate(specs) if s.kind == MAMBA and getattr(s, "mamba_cache_mode", "") == "align")
+
+
+@attrs.define
+class RunnerState:
+    """What the runner remembers of one request: where each group's state is."""
+
+    #: Group id -> the table entry holding the request's current state.
+    state_index: dict[int, int] = attrs.Factory(dict)
+    #: Whether the request's states left the model (drafts): written as UNKNOWN_STATE.
+    unknown: bool = False
+
+
+class MambaStatePages:
+    """The runner's Mamba half of a paged store: writes, and the checks of KV-MAMBA-014/015."""
+
+    def __init__(self, store: PagedKVStore, groups: tuple[AlignGroup, ...]) -> None:
+        self.store = store
+        self.groups = groups
+        self.device = store.device
+        self.requests: dict[str, RunnerState] = {}
+
+    # -- pages ---------------------------------------------------------------------------
+    def _read(self, group: AlignGroup, table: torch.Tensor, index: int) -> int | None:
+        """The state in entry ``index`` of ``table``; ``None`` where the entry is missing or null."""
+        if not 0 <= index < table.numel() or int(table[index]) == 0:
+            return None
+        return int(self.store.blocks(group.group_id, table[index:index + 1])[0, 0])
+
+    def _write(self, group: AlignGroup, table: torch.Tensor, index: int, state: int) -> None:
+        positions = torch.arange(index * group.block_size, (index + 1) * group.block_size, device=self.device)
+        self.store.write(group.group_id, table, positions,
+                         torch.full_like(positions, state, dtype=torch.int64))
+
+    # -- the runner ----------------------------------------------------------------------
+    def _source(self, runner: RunnerState, group: AlignGroup, start: int) -> int:
+        """The entry a step starting after ``start`` tokens reads its state from (-1: none yet)."""
+        return runner.state_index.get(group.group_id, (start - 1) // group.block_size if start else -1)
+
+    def _targets(self, group: AlignGroup, committed: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+        """(entry, state after that many tokens) a step without drafts writes (KV-MAMBA-014)."""
+        return mamba_spec.states_written(committed, group.block_size, checkpoint)
+
+    def forget(self, request_id: str) -> None:
+        """A finished or preempted request: its next step starts from its table again."""
+        self.requests.pop(request_id, None)
+
+    def step(self, request_id: str, tables: Sequence[torch.Tensor], tokens: Sequence[int], salt: str | None,
+             start: int, committed: int, scheduled: int) -> list[Check]:
+        """The step from ``start`` computed tokens to ``committed`` ran with ``scheduled`` tokens
+        (drafts included): read each group's state, chain the new tokens in, write the pages.
+        Returns the KV-MAMBA-014 verdicts: every page the step reads or writes is a real one."""
+        runner = self.requests.setdefault(request_id, RunnerState())
+        if scheduled > committed - start:
+            runner.unknown = True  # drafts: the speculative kernels are not modelled
+        query_end = start + scheduled
+        judged = not runner.unknown
+        checks: list[Check] = []
+        for group in self.groups:
+            table = tables[group.group_id]
+            source = self._source(runner, group, start)
+            if source < 0:
+                state: int | None = data_spec.prefix_seed(salt)
+            else:
+                state = self._read(group, table, source)
+                if state is None and not runner.unknown:
+                    checks.append((KV_MAMBA_014, False, (
+                        f"{request_id}'s step from {start} tokens reads its state in group {group.group_id} from "
+                        f"entry {source}, which is {'null' if source < table.numel() else 'past the end'} in "
+                        f"its table {table.tolist()}")))
+                    runner.unknown = True
+            if state == UNKNOWN_STATE:
+                runner.unknown = True
+            checkpoint = group.checkpoint(start, query_end)
+            if runner.unknown:
+                # The pages a draft step can write: the running page (preprocess_mamba's
+                # curr_state_idx), the checkpoint, and the page of a block boundary the
+                # committed tokens reached (postprocess_mamba's copy of the accepted state).
+                indices = {mamba_spec.running_index(query_end, group.block_size)}
+                if checkpoint:
+                    indices.add(mamba_spec.checkpoint_index(query_end, group.block_size))
+                if committed % group.block_size == 0:
+                    indices.add(committed // group.block_size - 1)
+                for index in sorted(indices):
+                    if self._read(group, table, index) is not None:
+                        self._write(group, table, index, UNKNOWN_STATE)
+            else:
+                assert state is not None
+                states = {start: state}
+                for position in range(start, committed):
+                    state = data_spec.slot_value(state, tokens[position], position)
+                    states[position + 1] = state
+                for index, count in self._targets(group, committed, checkpoint):
+                    if self._read(group, table, index) is None:
+                        checks.append((KV_MAMBA_014, False, (
+                            f"{request_id}'s step to {committed} tokens writes the state after {count} tokens "
+                            f"into entry {index} of group {group.group_id}, which is "
+                            f"{'null' if index < table.numel() else 'past the end'} in its table {table.tolist()}")))
+                        continue
+                    self._write(group, table, index, states[count])
+            runner.state_index[group.group_id] = mamba_spec.running_index(query_end, group.block_size)
+        if judged and not checks:
+            checks.append((KV_MAMBA_014, True, ""))
+        return checks
+
+    # -- the checks ----------------------------------------------------------------------
+    def check_hit(self, request_id: str, hit_tokens: int, hit_blocks: Sequence[Sequence[int]],
+                  values: Sequence[int]) -> list[Check]:
+        """KV-MAMBA-015: a hit's state page holds the state after the hit's tokens."""
+        checks: list[Check] = []
+        if hit_tokens <= 0:
+            return checks
+        for group in self.groups:
+            if group.group_id >= len(hit_blocks) or not hit_blocks[group.group_id]:
+                continue
+            blocks = hit_blocks[group.group_id]
+            index = hit_tokens // group.block_size - 1
+            table = torch.tensor(list(blocks), dtype=torch.int64, device=self.device)
+            found = self._read(group, table, index)
+            if found == UNKNOWN_STATE:
+                continue
+            ok = found == values[hit_tokens - 1]
+            checks.append((KV_MAMBA_015, ok, "" if ok else (
+                f"hit of {hit_tokens} tokens for {request_id}: group {group.group_id}'s state page "
+                f"(entry {index} of {list(blocks)}) {_holds(found, values, hit_tokens)}")))
+        return checks
+
+    def check_cached(self, cached: dict, key_states: dict) -> list[Check]:
+        """KV-MAMBA-015: every cached state page holds the state its key names."""
+        ids = {group.group_id for group in self.groups}
+        compared = 0
+        for key, block_ids in cached.items():
+            if key[1] not in ids or key not in key_states:
+                continue
+            tokens, expected = key_states[key]
+            for block_id in block_ids:
+                found = int(self.store.values[key[1]][block_id, 0])
+                compared += found != UNKNOWN_STATE
+                if found not in (expected, UNKNOWN_STATE):
+                    what = "no state" if found == data_spec.UNWRITTEN else "another state"
+                    return [(KV_MAMBA_015, False, (
+                        f"block {block_id} is cached in group {key[1]} under the key of {tokens} tokens "
+                        f"({key[0].hex()[:12]}) but holds {what}"))]
+        return [(KV_MAMBA_015, True, "")] if compared else []
+
+
+def _holds(found: int | None, values: Sequence[int], tokens: int) -> str:
+    if found is None:
+        return "is null or missing"
+    if found == data_spec.UNWRITTEN:
+        return "was never written"
+    for count, value in enumerate(values, start=1):
+        if value == found:
+            return f"holds the state after {count} tokens, not {tokens}"
+    return f"holds another state than the one after {tokens} tokens"
