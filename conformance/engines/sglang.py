@@ -99,9 +99,12 @@ class SGLangRadixCache:
         self.cache.dec_lock_ref(self.locked.pop(handle))
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
-        result = self.cache.insert(self.api.InsertParams(key=self.key(namespace, tokens), value=self.tensor(slots)))
+        result = self.cache.insert(self.insert_params(handle, namespace, tokens, slots))
         self.found[handle] = result.last_device_node
         return int(result.prefix_len)
+
+    def insert_params(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> Any:
+        return self.api.InsertParams(key=self.key(namespace, tokens), value=self.tensor(slots))
 
     def alloc(self, num_tokens: int) -> tuple[int, ...] | None:
         slots = self.allocator.alloc(num_tokens)
@@ -119,12 +122,18 @@ class SGLangRadixCache:
         stack = [(child, ()) for child in self.cache.root_node.children.values()]
         while stack:
             node, before = stack.pop()
-            tokens = tuple(int(t) for t in node.key.token_ids[:len(node.key)])
-            slots = tuple(int(s) for s in node.value.tolist())
-            namespace = namespace_of(node.key.extra_key)
+            key, value, locks = self.node_parts(node)
+            tokens = tuple(int(t) for t in key.token_ids[:len(key)])
+            slots = () if value is None else tuple(int(s) for s in value.tolist())
+            namespace = namespace_of(key.extra_key)
             for start in range(0, len(tokens), size):
                 pages.append(PageView(namespace, before + tokens[:start + size], slots[start:start + size],
-                                      int(node.lock_ref)))
+                                      int(locks)))
             stack.extend((child, before + tokens) for child in node.children.values())
         return TreeView(tuple(pages), int(self.cache.evictable_size()), int(self.cache.protected_size()),
                         int(self.allocator.available_size()))
+
+    def node_parts(self, node: Any) -> tuple[Any, Any, int]:
+        """A radix node's key (a ``RadixKey``), its slots (a tensor, ``None`` when it holds none) and
+        its lock count."""
+        return node.key, node.value, node.lock_ref
