@@ -26,6 +26,7 @@ EXIT_STATUS = {
     "window-one-loads-unchecked-block": 1,  # KV-EXT-014
     "mamba-negative-need": 1,  # KV-MAMBA-008
     "mamba-draft-checkpoint": 1,  # KV-MAMBA-017
+    "mamba-runner-null-state": 1,  # KV-MAMBA-013 (the model runner's side)
 }
 SLUGS = sorted(EXIT_STATUS)
 
