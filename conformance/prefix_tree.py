@@ -7,11 +7,12 @@ checkpoint, abort; the scheduler evicts when slots run short -- and judges every
 the state after every step against kvoracle's model (:mod:`.prefix_tree_driver`).
 
 Built-in engines: ``reference`` (kvoracle's :class:`~kvoracle.reference.prefix_tree.PrefixTree`
-and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency) and ``sglang``
+and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency), ``sglang``
 (SGLang 0.5.23's ``RadixCache`` with its token allocators, segment recency;
-``scripts/install_sglang.sh``).
+``scripts/install_sglang.sh``), and ``sglang-unified`` / ``sglang-unified-rust`` (its
+``UnifiedRadixCache``, FULL component only, over the Python or the Rust tree core).
 
-Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|module:Class]``.
+Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|sglang-unified|module:Class]``.
 """
 
 from __future__ import annotations
@@ -121,4 +122,6 @@ PREFIX_TREE = register_suite(SuiteDef(
     driver=TreeDriver, machine=PrefixTreeMachine, module=__name__,
     step_names=STEP_NAMES,
     engines={"reference": f"{__name__}:ReferencePrefixTree",
-             "sglang": "kvoracle.conformance.engines.sglang:SGLangRadixCache"}))
+             "sglang": "kvoracle.conformance.engines.sglang:SGLangRadixCache",
+             "sglang-unified": "kvoracle.conformance.engines.sglang_unified:SGLangUnifiedRadixCache",
+             "sglang-unified-rust": "kvoracle.conformance.engines.sglang_unified:SGLangUnifiedRustCore"}))

@@ -38,7 +38,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..prefix_tree_protocol import PageView, TreeSetup, TreeView
-from .sglang import SGLangRadixCache, namespace_of
+from .sglang import SGLangRadixCache
 
 
 class SGLangUnifiedRadixCache(SGLangRadixCache):
@@ -162,14 +162,15 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
 
     def observe(self) -> TreeView:
         core, size = self.cache.tree_core, self.page_size
+        root = core.root_node_handle()
         pages: list[PageView] = []
         for line in self.tree_lines():
             match = _RUST_NODE.match(line)
             if match is None:
                 raise RuntimeError(f"unexpected line in the Rust tree core's pretty_print: {line!r}")
-            node_id, length, locks, full = int(match[2]), int(match[3]), int(match[4]), match[5]
-            if length == 0 and not match[1]:
-                continue  # the root
+            node_id, locks, full = int(match[2]), int(match[4]), match[5]
+            if node_id == root:
+                continue
             value = core.get_component_device_value(node_id, self.full) if full == "yes" else None
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             for start in range(size - 1, len(slots), size):
@@ -177,6 +178,3 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
                 pages.append(PageView(namespace, tokens, slots[start - size + 1:start + 1], locks))
         return TreeView(tuple(pages), int(self.cache.evictable_size()), int(self.cache.protected_size()),
                         int(self.allocator.available_size()))
-
-
-__all__ = ["SGLangUnifiedRadixCache", "SGLangUnifiedRustCore", "namespace_of"]
