@@ -12,6 +12,8 @@ import functools
 from typing import Any
 
 from kvoracle.conformance.engines.sglang import SGLangRadixCache
+from kvoracle.conformance.engines.sglang_unified import SGLangUnifiedRadixCache, SGLangUnifiedRustCore
+from kvoracle.conformance.harness.capabilities import Capabilities
 
 
 def _base(obj: Any) -> Any:
@@ -134,4 +136,127 @@ BROKEN = {
     MostRecentlyUsed: "KV-TREE-009",
     EvictLeaks: "KV-TREE-010",
     SizesNotMoved: "KV-TREE-011",
+}
+
+
+# -- SGLang's UnifiedRadixCache (FULL component) with one fault ---------------------------------------
+def _match_at_without_pages(key: Any, other: Any, offset: int, page_size: int = 1) -> int:
+    return _base(key).match_at(other, offset, 1)
+
+
+def _device_leaf_ignoring_locks(core: Any, node: Any) -> bool:
+    locks = [data.lock_ref for data in node.component_data]
+    for data in node.component_data:
+        data.lock_ref = 0
+    try:
+        return _base(core)._is_device_leaf(node)
+    finally:
+        for data, count in zip(node.component_data, locks):
+            data.lock_ref = count
+
+
+def _unified_lock_without_sizes(cache: Any, node_id: Any, skip_lock_components: Any = ()) -> Any:
+    result = _base(cache).inc_lock_ref(node_id, skip_lock_components)
+    core, full = cache.tree_core, cache.tree_components[0]
+    core.component_evictable_size_[full] += result.delta or 0
+    core.component_protected_size_[full] -= result.delta or 0
+    return result
+
+
+def _insert_from_the_start(cache: Any, params: Any) -> Any:
+    params.prev_prefix_len = 0
+    return _base(cache).insert(params)
+
+
+class _PatchedUnified(SGLangUnifiedRadixCache):
+    """Builds SGLang's UnifiedRadixCache as a subclass with :attr:`methods` replaced, and gives its
+    (Python) tree core a class with :attr:`core_methods` replaced."""
+
+    methods: tuple[tuple[str, Any], ...] = ()
+    core_methods: tuple[tuple[str, Any], ...] = ()
+
+    def make_cache(self, allocator: Any, page_size: int) -> Any:
+        cls = _subclass(self.unified_class, f"Patched{type(self).__name__}", self.methods)
+        cache = cls(self.cache_params(allocator, page_size))
+        if self.core_methods:
+            core = cache.tree_core
+            core.__class__ = _subclass(type(core), f"PatchedCore{type(self).__name__}", self.core_methods)
+        return cache
+
+
+class UnifiedPagelessMatch(SGLangUnifiedRadixCache):
+    """``RadixKey.match_at`` (the unified tree's walk) drops the page size: a match can end inside
+    a page, and the node is split there."""
+
+    name = "sglang-unified-pageless-match"
+
+    def key(self, namespace, tokens):
+        cls = _subclass(self.api.RadixKey, "PagelessAtKey",
+                        (("__getitem__", _slice_keeping_class), ("match_at", _match_at_without_pages)))
+        real = super().key(namespace, tokens)
+        return cls(real.token_ids, real.extra_key)
+
+
+class UnifiedLockedEvictable(_PatchedUnified):
+    """The tree core's ``_is_device_leaf`` ignores lock counts, so a locked leaf is a victim."""
+
+    name = "sglang-unified-locked-evictable"
+    core_methods = (("_is_device_leaf", _device_leaf_ignoring_locks),)
+
+
+class UnifiedInsertFreesHeld(_PatchedUnified):
+    """``insert`` ignores ``prev_prefix_len``: it frees the request's slots of every held token as
+    duplicates, the hit's slots (the cache's own) included."""
+
+    name = "sglang-unified-insert-frees-held"
+    methods = (("insert", _insert_from_the_start),)
+
+
+class UnifiedPageRecencyClaimed(SGLangUnifiedRadixCache):
+    """The real unified cache, declared to stamp recency per page (it keeps it per node)."""
+
+    name = "sglang-unified-page-recency"
+
+    def capabilities(self):
+        return Capabilities(tree_recency="page")
+
+
+def _unified(plain: type, methods: tuple[tuple[str, Any], ...] | None = None) -> type:
+    """The unified cache with the fault of a broken plain cache: the same methods patched (the
+    unified cache has them too; ``methods`` when its signature or its sizes differ), or the same
+    eviction policy."""
+    return type(f"Unified{plain.__name__}", (_PatchedUnified,), {
+        "__doc__": plain.__doc__, "name": plain.name.replace("sglang", "sglang-unified", 1),
+        "methods": getattr(plain, "methods", ()) if methods is None else methods,
+        "eviction_policy": plain.eviction_policy})
+
+
+def _on_rust(broken: type) -> type:
+    """A broken unified cache over the Rust tree core (the fault is in the cache's Python methods;
+    the Rust core's own cannot be patched from Python)."""
+    return type(f"Rust{broken.__name__}", (broken, SGLangUnifiedRustCore), {
+        "__doc__": broken.__doc__, "name": broken.name.replace("sglang-unified", "sglang-unified-rust", 1)})
+
+
+UnifiedEvictMisreports = _unified(EvictMisreports)
+UnifiedMostRecentlyUsed = _unified(MostRecentlyUsed)
+UnifiedEvictLeaks = _unified(EvictLeaks)
+UnifiedSizesNotMoved = _unified(SizesNotMoved, (("inc_lock_ref", _unified_lock_without_sizes),))
+RustEvictMisreports = _on_rust(UnifiedEvictMisreports)
+RustEvictLeaks = _on_rust(UnifiedEvictLeaks)
+RustInsertFreesHeld = _on_rust(UnifiedInsertFreesHeld)
+
+#: Each broken unified cache and the rule it must be convicted of.
+BROKEN_UNIFIED = {
+    UnifiedPagelessMatch: "KV-TREE-001",
+    UnifiedLockedEvictable: "KV-TREE-005",
+    UnifiedEvictMisreports: "KV-TREE-007",
+    UnifiedPageRecencyClaimed: "KV-TREE-008",
+    UnifiedMostRecentlyUsed: "KV-TREE-009",
+    UnifiedEvictLeaks: "KV-TREE-010",
+    UnifiedInsertFreesHeld: "KV-TREE-010",
+    UnifiedSizesNotMoved: "KV-TREE-011",
+    RustEvictMisreports: "KV-TREE-007",
+    RustEvictLeaks: "KV-TREE-010",
+    RustInsertFreesHeld: "KV-TREE-010",
 }
