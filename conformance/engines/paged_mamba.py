@@ -17,12 +17,15 @@ plays vLLM's model runner for it (``vllm/v1/worker/mamba_utils.py``):
 A page cached under the key of a prefix of ``P`` tokens must hold the state after ``P``
 tokens (KV-MAMBA-015), when a hit offers it and for as long as it stays cached.
 
-Draft tokens are out of this model's reach: with drafts the runner's speculative kernels
-spread states over the running and speculative pages and copy the accepted one back
-(``preprocess_mamba``, ``postprocess_mamba``). A request that schedules drafts -- or starts
-from such a state -- writes :data:`UNKNOWN_STATE` from then on, and pages holding it are not
-judged. The driver's align-mode prefill never carries drafts (they ride only on a step that
-reaches the last token), so every prefill page is judged.
+Draft tokens are always rejected in kvoracle's steps. A step with drafts leaves the state after
+its committed tokens in its running page (the drafts' states go to the speculative pages,
+which nothing caches) and copies it to the page of a block boundary the committed tokens reached
+(``postprocess_mamba``); a checkpoint past the committed tokens holds a draft's state,
+:data:`UNKNOWN_STATE`. After rejected drafts a step can be shorter than the last one, and the
+table longer than it needs: there vLLM's runner reads by position and KV-MAMBA-013 from the
+table's end (``docs/findings/mamba-runner-null-state.md``), so such a request -- and one that
+starts from a page holding :data:`UNKNOWN_STATE` -- leaves the model: it writes that marker from
+then on, and pages holding it are not judged.
 """
 
 from __future__ import annotations
@@ -60,6 +63,7 @@ class AlignGroup:
     alignment: int
     drop_eagle: bool
     hash_block_size: int
+    num_speculative_blocks: int = 0
 
     def checkpoint(self, query_start: int, query_end: int) -> int:
         """The checkpoint position the backend exports for this chunk, 0 for none (KV-MAMBA-006,
@@ -83,7 +87,7 @@ def align_groups_of(config: object) -> tuple[AlignGroup, ...]:
         AlignGroup(g, s.block_size,
                    (s.prefill_checkpoint_alignment or 0) if s.num_prefill_checkpoint_blocks else 0,
                    alignment if several else s.block_size, bool(config.use_eagle),  # type: ignore[attr-defined]
-                   config.hash_block_size)  # type: ignore[attr-defined]
+                   config.hash_block_size, s.num_speculative_blocks)  # type: ignore[attr-defined]
         for g, s in enumerate(specs) if s.kind == MAMBA and getattr(s, "mamba_cache_mode", "") == "align")
 
 
@@ -134,16 +138,27 @@ class MambaStatePages:
     def step(self, request_id: str, tables: Sequence[torch.Tensor], tokens: Sequence[int], salt: str | None,
              start: int, committed: int, scheduled: int) -> list[Check]:
         """The step from ``start`` computed tokens to ``committed`` ran with ``scheduled`` tokens
-        (drafts included): read each group's state, chain the new tokens in, write the pages.
-        Returns the KV-MAMBA-014 verdicts: every page the step reads or writes is a real one."""
+        (drafts included, all rejected): read each group's state, chain the committed tokens in,
+        write the pages. Returns the KV-MAMBA-014 verdicts: every page the step reads or writes
+        is a real one."""
         runner = self.requests.setdefault(request_id, RunnerState())
-        if scheduled > committed - start:
-            runner.unknown = True  # drafts: the speculative kernels are not modelled
         query_end = start + scheduled
+        drafts = scheduled > committed - start
         judged = not runner.unknown
         checks: list[Check] = []
         for group in self.groups:
             table = tables[group.group_id]
+            if drafts and committed - start > 1:
+                # Drafts after several real tokens (the driver's last prefill chunk): vLLM's
+                # scheduler proposes drafts for decode steps, and its runner's copy of the
+                # boundary state can land on that step's checkpoint page; not modelled.
+                runner.unknown = True
+            if table.numel() > mamba_spec.num_required_entries(query_end, group.block_size,
+                                                               group.num_speculative_blocks):
+                # After rejected drafts the table is longer than the step: vLLM's runner reads
+                # by position there and KV-MAMBA-013 from the table's end
+                # (docs/findings/mamba-runner-null-state.md); the request leaves the model.
+                runner.unknown = True
             source = self._source(runner, group, start)
             if source < 0:
                 state: int | None = data_spec.prefix_seed(salt)
@@ -157,37 +172,58 @@ class MambaStatePages:
                     runner.unknown = True
             if state == UNKNOWN_STATE:
                 runner.unknown = True
+            running = mamba_spec.running_index(query_end, group.block_size)
             checkpoint = group.checkpoint(start, query_end)
             if runner.unknown:
-                # The pages a draft step can write: the running page (preprocess_mamba's
-                # curr_state_idx), the checkpoint, and the page of a block boundary the
-                # committed tokens reached (postprocess_mamba's copy of the accepted state).
-                indices = {mamba_spec.running_index(query_end, group.block_size)}
-                if checkpoint:
-                    indices.add(mamba_spec.checkpoint_index(query_end, group.block_size))
-                if committed % group.block_size == 0:
-                    indices.add(committed // group.block_size - 1)
-                for index in sorted(indices):
-                    if self._read(group, table, index) is not None:
-                        self._write(group, table, index, UNKNOWN_STATE)
+                writes = self._unknown_writes(group, query_end, committed, checkpoint)
             else:
                 assert state is not None
-                states = {start: state}
+                states: dict[int | None, int] = {start: state, None: UNKNOWN_STATE}
                 for position in range(start, committed):
                     state = data_spec.slot_value(state, tokens[position], position)
                     states[position + 1] = state
-                for index, count in self._targets(group, committed, checkpoint):
-                    if self._read(group, table, index) is None:
+                if drafts:
+                    writes = self._draft_writes(group, query_end, committed, checkpoint)
+                else:
+                    writes = list(self._targets(group, committed, checkpoint))
+                writes = [(index, count, states[count]) for index, count in writes]
+            for index, count, value in writes:
+                if self._read(group, table, index) is None:
+                    copy_only = drafts and index != running and not (
+                        checkpoint and index == mamba_spec.checkpoint_index(query_end, group.block_size))
+                    # (postprocess_mamba's copy into a null entry goes to the null block, which no
+                    # one reads as a state: not a page the request relies on)
+                    if not runner.unknown and count is not None and not copy_only:
                         checks.append((KV_MAMBA_014, False, (
-                            f"{request_id}'s step to {committed} tokens writes the state after {count} tokens "
+                            f"{request_id}'s step to {query_end} tokens writes the state after {count} tokens "
                             f"into entry {index} of group {group.group_id}, which is "
                             f"{'null' if index < table.numel() else 'past the end'} in its table {table.tolist()}")))
-                        continue
-                    self._write(group, table, index, states[count])
-            runner.state_index[group.group_id] = mamba_spec.running_index(query_end, group.block_size)
-        if judged and not checks:
+                    continue
+                self._write(group, table, index, value)
+            runner.state_index[group.group_id] = running
+        if judged and not runner.unknown and not checks:
             checks.append((KV_MAMBA_014, True, ""))
         return checks
+
+    def _draft_writes(self, group: AlignGroup, query_end: int, committed: int, checkpoint: int
+                      ) -> list[tuple[int, int | None]]:
+        """(entry, state after that many tokens) a step with rejected drafts leaves: the state after
+        its committed tokens in the running page (``preprocess_mamba``'s running entry; the drafts'
+        states go to the speculative pages), copied to the page of the block boundary it reached
+        (``postprocess_mamba``); a checkpoint past the committed tokens holds a draft's state."""
+        writes: list[tuple[int, int | None]] = [(mamba_spec.running_index(query_end, group.block_size), committed)]
+        if checkpoint:  # None: a draft's state, not modelled
+            writes.append((mamba_spec.checkpoint_index(query_end, group.block_size),
+                           checkpoint if checkpoint <= committed else None))
+        if committed % group.block_size == 0 and committed // group.block_size - 1 != writes[0][0]:
+            writes.append((committed // group.block_size - 1, committed))
+        return writes
+
+    def _unknown_writes(self, group: AlignGroup, query_end: int, committed: int, checkpoint: int
+                        ) -> list[tuple[int, int | None, int]]:
+        """The pages a step of a request out of the model may write, marked as not modelled."""
+        indices = {index for index, _ in self._draft_writes(group, query_end, committed, checkpoint)}
+        return [(index, None, UNKNOWN_STATE) for index in sorted(indices)]
 
     # -- the checks ----------------------------------------------------------------------
     def check_hit(self, request_id: str, hit_tokens: int, hit_blocks: Sequence[Sequence[int]],
