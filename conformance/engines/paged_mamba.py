@@ -97,7 +97,8 @@ class RunnerState:
 
     #: Group id -> the table entry holding the request's current state.
     state_index: dict[int, int] = attrs.Factory(dict)
-    #: Whether the request's states left the model (drafts): written as UNKNOWN_STATE.
+    #: Whether the request's states left the model (a table longer than a step, drafts on
+    #: several real tokens, an unknown start page): written as UNKNOWN_STATE from then on.
     unknown: bool = False
 
 
