@@ -115,7 +115,12 @@ MUTANTS: tuple[Mutant, ...] = (
            note="a second block under one hash replaces the first in the map"),
     Mutant("hash-map.pop.keeps-mismatch-out", f"{HASH_MAP}.pop",
            "self._cache[key] = blocks", "pass", "stale-hash", "manager", occurrence=0,
-           note="popping a hash for another block drops the block the hash maps to"),
+           note="popping a hash for another block drops the block the hash maps to",
+           equivalent="pop's only caller, BlockPool._remove_cached_block_hashes, pops the block's own keys "
+                      "(block_hash and cached_block_hashes_by_block), and every path that lists a block under "
+                      "a key records the key on the block and the other way round (_insert_block_hash, "
+                      "_remove_cached_block_hashes, move_block_hashes, reset_prefix_cache: KV-POOL-015), so a "
+                      "lone block under the key is always the one popped and the branch is never taken"),
     # -- block hashing -------------------------------------------------------------------------
     Mutant("hash.block.ignores-parent", f"{UTILS}:hash_block_tokens",
            "if not parent_block_hash:", "if True:", "stale-hash", "manager",
