@@ -151,8 +151,9 @@ class MambaStatePages:
             table = tables[group.group_id]
             if drafts and committed - start > 1:
                 # Drafts after several real tokens (the driver's last prefill chunk): vLLM's
-                # scheduler proposes drafts for decode steps, and its runner's copy of the
-                # boundary state can land on that step's checkpoint page; not modelled.
+                # scheduler never sends them (Scheduler.update_draft_token_ids drops drafts of
+                # prefill chunks, so a step with drafts has one real token), and there its
+                # runner's copy of the boundary state can land on the step's checkpoint page.
                 runner.unknown = True
             if table.numel() > mamba_spec.num_required_entries(query_end, group.block_size,
                                                                group.num_speculative_blocks):
