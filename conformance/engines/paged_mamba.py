@@ -98,8 +98,13 @@ class RunnerState:
     #: Group id -> the table entry holding the request's current state.
     state_index: dict[int, int] = attrs.Factory(dict)
     #: Whether the request's states left the model (a table longer than a step, drafts on
-    #: several real tokens, an unknown start page): written as UNKNOWN_STATE from then on.
+    #: several real tokens or several real tokens right after drafts, an unknown start page):
+    #: written as UNKNOWN_STATE from then on.
     unknown: bool = False
+    #: Whether its last step had drafts.
+    drafted: bool = False
+    #: The groups whose pages were marked UNKNOWN_STATE when the request left the model.
+    forgotten: set[int] = attrs.Factory(set)
 
 
 class MambaStatePages:
@@ -149,11 +154,12 @@ class MambaStatePages:
         checks: list[Check] = []
         for group in self.groups:
             table = tables[group.group_id]
-            if drafts and committed - start > 1:
-                # Drafts after several real tokens (the driver's last prefill chunk): vLLM's
-                # scheduler never sends them (Scheduler.update_draft_token_ids drops drafts of
-                # prefill chunks, so a step with drafts has one real token), and there its
-                # runner's copy of the boundary state can land on the step's checkpoint page.
+            if (drafts or runner.drafted) and committed - start > 1:
+                # Several real tokens with drafts (the driver's last prefill chunk), or right after
+                # a step with drafts: vLLM's scheduler sends neither (update_draft_token_ids drops
+                # drafts of prefill chunks, and a drafting request decodes one token a step). There
+                # the runner's boundary copy can land on the step's checkpoint page, and the page
+                # the drafts' step ran in can be keyed at a position whose state it never held.
                 runner.unknown = True
             if table.numel() > mamba_spec.num_required_entries(query_end, group.block_size,
                                                                group.num_speculative_blocks):
@@ -174,6 +180,13 @@ class MambaStatePages:
                     runner.unknown = True
             if state == UNKNOWN_STATE:
                 runner.unknown = True
+            if runner.unknown and group.group_id not in runner.forgotten:
+                # Leaving the model: any page the request holds may be keyed later, and what it
+                # holds is no longer known.
+                runner.forgotten.add(group.group_id)
+                for index in range(table.numel()):
+                    if self._read(group, table, index) is not None:
+                        self._write(group, table, index, UNKNOWN_STATE)
             running = mamba_spec.running_index(query_end, group.block_size)
             checkpoint = group.checkpoint(start, query_end)
             if runner.unknown:
@@ -203,6 +216,7 @@ class MambaStatePages:
                     continue
                 self._write(group, table, index, value)
             runner.state_index[group.group_id] = running
+        runner.drafted = drafts
         if judged and not runner.unknown and not checks:
             checks.append((KV_MAMBA_014, True, ""))
         return checks
