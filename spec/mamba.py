@@ -547,6 +547,35 @@ def checkpoint_exportable(query_start: int, query_end: int, position: int, hash_
 
 
 @icontract.require(lambda query_start, query_end: 0 <= query_start <= query_end, enabled=ENABLED)
+@icontract.require(lambda alignment, hash_block_size, block_size, checkpoint_alignment:
+                   alignment > 0 and hash_block_size > 0 and block_size > 0 and checkpoint_alignment >= 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, has_checkpoint_blocks: result == 0 or has_checkpoint_blocks, enabled=ENABLED)
+@icontract.ensure(lambda result, query_start, query_end: result == 0 or query_start < result < query_end,
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, query_end, block_size: result == 0 or checkpoint_index(query_end, block_size) >= 0,
+                  "the checkpoint's page lies before the running page", enabled=ENABLED)
+@icontract.ensure(lambda result, alignment: result % alignment == 0, enabled=ENABLED)
+@defines(KV_MAMBA_006)
+def exported_checkpoint(has_checkpoint_blocks: bool, checkpoint_alignment: int, query_start: int, query_end: int,
+                        alignment: int, hash_block_size: int, block_size: int, drop_eagle: bool) -> int:
+    """The checkpoint position the backend exports for a chunk from ``query_start`` computed to
+    ``query_end`` main tokens, or 0 for none: the backend's half of KV-MAMBA-006, decided from
+    the chunk alone (vLLM's ``compute_mamba_prefill_checkpoints``). The model runner writes it
+    into entry :func:`checkpoint_index`; the manager reserves a page there only where that entry
+    is free (:func:`reserved_checkpoint`)."""
+    if not has_checkpoint_blocks:
+        return 0
+    position = checkpoint_position(query_end, alignment, drop_eagle)
+    if position <= 0 or cdiv(query_end, block_size) - 2 < 0:
+        return 0
+    if not checkpoint_exportable(query_start, query_end, position, hash_block_size, block_size,
+                                 checkpoint_alignment):
+        return 0
+    return position
+
+
+@icontract.require(lambda query_start, query_end: 0 <= query_start <= query_end, enabled=ENABLED)
 @icontract.require(lambda alignment, hash_block_size, block_size, checkpoint_alignment, num_speculative_blocks:
                    alignment > 0 and hash_block_size > 0 and block_size > 0 and checkpoint_alignment >= 0
                    and num_speculative_blocks >= 0, enabled=ENABLED)
@@ -567,15 +596,11 @@ def reserved_checkpoint(has_checkpoint_blocks: bool, checkpoint_alignment: int, 
 
     ``is_null`` describes the table as it is before the step adopts a hit.
     """
-    if not has_checkpoint_blocks:
+    position = exported_checkpoint(has_checkpoint_blocks, checkpoint_alignment, query_start, query_end, alignment,
+                                   hash_block_size, block_size, drop_eagle)
+    if not position:
         return 0
-    position = checkpoint_position(query_end, alignment, drop_eagle)
-    index = cdiv(query_end, block_size) - 2
-    if position <= 0 or index < 0:
-        return 0
-    if not checkpoint_exportable(query_start, query_end, position, hash_block_size, block_size,
-                                 checkpoint_alignment):
-        return 0
+    index = checkpoint_index(query_end, block_size)
     free_entry = index >= len(is_null) or is_null[index] or (
         allocated and index >= len(is_null) - num_speculative_blocks)
     return position if free_entry else 0

@@ -9,6 +9,7 @@ pytest.importorskip("vllm", reason="vLLM is not installed (scripts/install_vllm.
 import sys
 from pathlib import Path
 
+from kvoracle.conformance.harness.expectations import version_in_range
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.runner import RunOptions, RunResult, run_suite
 from kvoracle.conformance.harness.verdicts import GOOD_OUTCOMES
@@ -22,7 +23,7 @@ import zoo
 def _known_bugs(version: str) -> set[str]:
     """The rules of the manager suite that the zoo's bugs of this release break (for 0.33.0:
     the two align-mode Mamba bugs, KV-MAMBA-008 and KV-MAMBA-017)."""
-    return {bug.rule for bug in zoo.ZOO if bug.suite == "manager" and zoo._version_in(version, bug.releases)}
+    return {bug.rule for bug in zoo.ZOO if bug.suite == "manager" and version_in_range(version, bug.releases)}
 
 
 def _unexplained(result: RunResult) -> list[tuple[str, str, list[str]]]:

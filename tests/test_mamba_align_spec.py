@@ -102,6 +102,27 @@ def test_checkpoints_lie_inside_prefill_chunks(start: int, length: int, alignmen
 
 
 @settings(max_examples=300, deadline=None)
+@given(start=st.integers(0, 40), length=st.integers(1, 30), alignment=st.sampled_from([1, 2, 4, 8]),
+       block_size=st.sampled_from([1, 2, 4]), checkpoint_alignment=st.sampled_from([0, 1, 2, 4]),
+       eagle=st.booleans(), is_null=st.lists(st.booleans(), max_size=12).map(tuple), allocated=st.booleans())
+def test_the_manager_reserves_only_what_the_backend_exports(start: int, length: int, alignment: int,
+                                                             block_size: int, checkpoint_alignment: int,
+                                                             eagle: bool, is_null: tuple[bool, ...],
+                                                             allocated: bool) -> None:
+    """KV-MAMBA-006: the manager's checkpoint is the backend's, where its entry is free; with an
+    empty table (nothing held, every entry past the end) it always is."""
+    alignment = math.lcm(alignment, block_size)
+    end = start + length
+    exported = mamba.exported_checkpoint(True, checkpoint_alignment, start, end, alignment, block_size, block_size,
+                                         eagle)
+    reserved = mamba.reserved_checkpoint(True, checkpoint_alignment, start, end, alignment, block_size, block_size,
+                                         eagle, is_null, allocated, 1)
+    assert reserved in (0, exported)
+    assert mamba.reserved_checkpoint(True, checkpoint_alignment, start, end, alignment, block_size, block_size,
+                                     eagle, (), False, 0) == exported
+
+
+@settings(max_examples=300, deadline=None)
 @given(is_null=st.lists(st.booleans(), max_size=12).map(tuple), retired=st.integers(0, 12),
        processed=st.integers(0, 50), block_size=st.sampled_from([1, 2, 4]))
 def test_freeing_leaves_nothing_before_the_last_processed_page(is_null: tuple[bool, ...], retired: int,

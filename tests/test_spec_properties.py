@@ -163,6 +163,7 @@ TESTED = {
     "mamba.checkpoint_key_tokens", "mamba.chunk_keeps_states", "mamba.running_index",
     "mamba.states_written", "mamba.align_table_ok", "mamba.align_free_order",
     "mamba.num_required_entries", "mamba.checkpoint_exportable", "mamba.checkpoint_position",
+    "mamba.exported_checkpoint",
     "mamba.aligned_chunk_end",  # tests/test_mamba_align_spec.py
     # prefix_tree (chapter 14): property-tested in tests/test_prefix_tree_spec.py
     "prefix_tree.is_aligned_hit", "prefix_tree.longest_held_prefix", "prefix_tree.misread_positions",

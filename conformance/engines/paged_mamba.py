@@ -38,12 +38,11 @@ from kvoracle.gpu import PagedKVStore, torch
 from kvoracle.spec import data_integrity as data_spec
 from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec.hybrid import MAMBA, scheduler_block_size
-from kvoracle.spec.lifecycle import cdiv
 
 KV_MAMBA_014 = mamba_spec.KV_MAMBA_014
 KV_MAMBA_015 = mamba_spec.KV_MAMBA_015
 
-#: What a page holds whose state kvoracle does not model (written after draft tokens). Every
+#: What a page holds whose state kvoracle does not model (a request out of the model). Every
 #: real state is odd (``slot_value`` sets the low bit) and an unwritten slot is 0, so it
 #: collides with neither.
 UNKNOWN_STATE = 2
@@ -57,7 +56,8 @@ class AlignGroup:
 
     group_id: int
     block_size: int
-    #: Whether the backend can export a prefill checkpoint, and at which granularity.
+    #: Whether the group has prefill checkpoint pages, and the backend's export granularity.
+    has_checkpoint_blocks: bool
     checkpoint_alignment: int
     #: The hit alignment A: the block size with one group, the scheduler block size with several.
     alignment: int
@@ -68,12 +68,9 @@ class AlignGroup:
     def checkpoint(self, query_start: int, query_end: int) -> int:
         """The checkpoint position the backend exports for this chunk, 0 for none (KV-MAMBA-006,
         the backend's half: it does not look at the table)."""
-        if not self.checkpoint_alignment or cdiv(query_end, self.block_size) < 2:
-            return 0
-        position = mamba_spec.checkpoint_position(query_end, self.alignment, self.drop_eagle)
-        exportable = position > 0 and mamba_spec.checkpoint_exportable(
-            query_start, query_end, position, self.hash_block_size, self.block_size, self.checkpoint_alignment)
-        return position if exportable else 0
+        return mamba_spec.exported_checkpoint(self.has_checkpoint_blocks, self.checkpoint_alignment, query_start,
+                                              query_end, self.alignment, self.hash_block_size, self.block_size,
+                                              self.drop_eagle)
 
 
 def align_groups_of(config: object) -> tuple[AlignGroup, ...]:
@@ -84,8 +81,7 @@ def align_groups_of(config: object) -> tuple[AlignGroup, ...]:
     several = len(specs) > 1
     alignment = scheduler_block_size(tuple(s.block_size for s in specs))
     return tuple(
-        AlignGroup(g, s.block_size,
-                   (s.prefill_checkpoint_alignment or 0) if s.num_prefill_checkpoint_blocks else 0,
+        AlignGroup(g, s.block_size, s.num_prefill_checkpoint_blocks > 0, s.prefill_checkpoint_alignment or 0,
                    alignment if several else s.block_size, bool(config.use_eagle),  # type: ignore[attr-defined]
                    config.hash_block_size, s.num_speculative_blocks)  # type: ignore[attr-defined]
         for g, s in enumerate(specs) if s.kind == MAMBA and getattr(s, "mamba_cache_mode", "") == "align")
