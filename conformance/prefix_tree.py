@@ -10,7 +10,11 @@ Built-in engines: ``reference`` (kvoracle's :class:`~kvoracle.reference.prefix_t
 and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency), ``sglang``
 (SGLang 0.5.23's ``RadixCache`` with its token allocators, segment recency;
 ``scripts/install_sglang.sh``), and ``sglang-unified`` / ``sglang-unified-rust`` (its
-``UnifiedRadixCache``, FULL component only, over the Python or the Rust tree core).
+``UnifiedRadixCache``, FULL component only, over the Python or the Rust tree core); and each
+of them in a paged KV store that SGLang's model runner writes through the engine's slot
+indices, judged by the data rules KV-DATA-001 .. 004 as well (``paged-reference``,
+``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``;
+:mod:`.prefix_tree_store`).
 
 Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|sglang-unified|module:Class]``.
 """
@@ -113,6 +117,9 @@ class ReferencePrefixTree:
         return TreeView(pages, evictable, protected, self.allocator.available())
 
 
+#: The engines in a paged KV store (:mod:`.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
+_STORE = "kvoracle.conformance.prefix_tree_store"
+
 #: The prefix-tree suite, registered with the harness.
 PREFIX_TREE = register_suite(SuiteDef(
     name="prefix-tree",
@@ -124,4 +131,8 @@ PREFIX_TREE = register_suite(SuiteDef(
     engines={"reference": f"{__name__}:ReferencePrefixTree",
              "sglang": "kvoracle.conformance.engines.sglang:SGLangRadixCache",
              "sglang-unified": "kvoracle.conformance.engines.sglang_unified:SGLangUnifiedRadixCache",
-             "sglang-unified-rust": "kvoracle.conformance.engines.sglang_unified:SGLangUnifiedRustCore"}))
+             "sglang-unified-rust": "kvoracle.conformance.engines.sglang_unified:SGLangUnifiedRustCore",
+             "paged-reference": f"{_STORE}:PagedReferenceTree",
+             "paged-sglang": f"{_STORE}:PagedSGLangRadixCache",
+             "paged-sglang-unified": f"{_STORE}:PagedSGLangUnified",
+             "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust"}))

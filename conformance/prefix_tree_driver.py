@@ -16,6 +16,14 @@ against the model (the step's content rule: KV-TREE-013 for lookups and allocati
 KV-TREE-012 for insertions, KV-TREE-007 for evictions, KV-TREE-014 for unlocking), the held
 set's shape (KV-TREE-006), the lock counts (KV-TREE-014), the engine's evictable and
 protected sizes (KV-TREE-011) and the capacity (KV-TREE-010).
+
+An engine in a paged KV store (capability ``kv_data``, :mod:`.prefix_tree_store`) is also
+judged on the data its slots hold. A request's Compute step then runs the model runner's
+forward pass (the adapter's ``forward``), and the store's verdicts (``TreeView.data_checks``,
+KV-DATA-001 .. 004) are recorded before the suite's own checks wherever both judge the same
+fault: after a lookup (what the hit's slots hold, before which slots they are), after the
+forward pass (what it overwrote, before whose slots the allocator handed out), and at the
+start of every state judgement.
 """
 
 from __future__ import annotations
@@ -154,12 +162,16 @@ class TreeDriver(Driver):
                 self._release(step.request, req)
                 self._judge_state(self._observe(), "KV-TREE-014")
                 return
+            if self.stores_kv:  # the forward pass writes first: its verdicts come before the allocation's
+                self._forward(step.request, req, req.row[:req.protected] + list(slots))
             self._judge_allocation(need, tuple(slots))
             for offset, slot in enumerate(slots):
                 position = req.protected + offset
                 self.written[slot] = ((req.namespace, req.tokens[:position + 1]) if position < len(req.tokens)
                                       else UNWRITTEN)
             req.row = req.row[:req.protected] + list(slots)
+        elif self.stores_kv:
+            self._forward(step.request, req, req.row)
         req.computed = True
         self._judge_state(self._observe(), "KV-TREE-013")
 
@@ -195,6 +207,8 @@ class TreeDriver(Driver):
         assert self.model is not None
         hit, slots = self.call("match", handle, namespace, tokens, rule="KV-TREE-001")
         slots = tuple(slots)
+        if self.stores_kv:  # what the hit's slots hold, read from the store, before what they are
+            self._judge_data(self._observe())
         want, want_slots = self.model.match(namespace, tokens)
         check = self.verdicts.check
         detail = f"namespace {namespace}, tokens {_short(tokens)}, page size {self.page_size}"
@@ -296,9 +310,26 @@ class TreeDriver(Driver):
         model.remove(removed)
         self._judge_state(view, "KV-TREE-007")
 
+    def _forward(self, handle: int, req: Request, row: list[int]) -> None:
+        """The model runner's forward pass over the request's row (an engine in a paged KV store):
+        it reads the tokens the cache gave, writes the others; then the store's verdicts."""
+        self.call("forward", handle, req.namespace, req.tokens, tuple(row), req.protected, rule="KV-DATA-003")
+        self._judge_data(self._observe())
+
     # -- observing and judging ---------------------------------------------------------------------
+    @property
+    def stores_kv(self) -> bool:
+        """Whether the engine keeps a paged KV store (``kv_data``): it offers ``forward`` and its
+        observations carry the store's verdicts."""
+        return self.verdicts.capabilities.kv_data
+
     def _observe(self) -> TreeView:
         return self.call("observe", rule="KV-TREE-010")
+
+    def _judge_data(self, view: TreeView) -> None:
+        """The store's verdicts (KV-DATA-001 .. 004), recorded like the suite's own checks."""
+        for rule_id, ok, message in view.data_checks or ():
+            self.verdicts.check(rule_id, ok, message)
 
     def _judge_shape(self, view: TreeView) -> None:
         assert self.model is not None
@@ -309,6 +340,7 @@ class TreeDriver(Driver):
 
     def _judge_state(self, view: TreeView, content_rule: str) -> None:
         assert self.model is not None
+        self._judge_data(view)
         model, check = self.model, self.verdicts.check
         pages = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
         check(content_rule, spec.same_content(tuple((key, page.slots) for key, page in model.pages.items()),

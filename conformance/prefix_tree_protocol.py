@@ -39,6 +39,9 @@ class TreeView:
     evictable: int
     protected: int
     free_slots: int
+    #: An engine in a paged KV store (capability ``kv_data``): the store's verdicts since the last
+    #: observation, ``(rule id, ok, message)`` each (KV-DATA-001 .. 004); ``None`` without a store.
+    data_checks: tuple[tuple[str, bool, str], ...] | None = None
 
 
 @runtime_checkable
@@ -74,6 +77,14 @@ class PrefixTreeAdapter(Protocol):
         """Evict at least ``num_tokens`` tokens of unlocked leaves if it can; the tokens evicted."""
 
     def observe(self) -> TreeView: ...
+
+    # An adapter that claims ``kv_data`` (a paged KV store around the cache) also offers
+    #
+    #   forward(handle, namespace, tokens, slots, start) -> None
+    #
+    # the model runner's forward pass of the request under ``handle``: it attends to
+    # ``tokens[:start]`` through ``slots[:start]`` and writes the KV of ``tokens[start:]`` to
+    # ``slots[start:len(tokens)]`` (the request's row: its hit's slots, then its own).
 
 
 # -- steps -----------------------------------------------------------------------------------------
@@ -186,6 +197,8 @@ RETURNS = {
     "alloc": returns.optional(_SLOTS),
     "evict": returns.integer,
     "observe": returns.attributes(TreeView, pages=returns.sequence_of(_PAGE), evictable=returns.integer,
-                                  protected=returns.integer, free_slots=returns.integer),
+                                  protected=returns.integer, free_slots=returns.integer,
+                                  data_checks=returns.optional(returns.sequence_of(
+                                      returns.sequence_of(returns.anything, length=3)))),
 }
 OPERATIONS = ("configure", "match", "lock", "unlock", "insert", "alloc", "free", "evict", "observe")

@@ -53,9 +53,26 @@ the request was *given* the wrong data: an unwritten slot from a hit
 (KV-DATA-002), or another prefix's data (KV-DATA-001). :func:`slot_violation`
 states the classification.
 
+**Token-granular indices.** An engine that gives every token its own KV index
+(SGLang: the radix tree's node values and the allocator's ``out_cache_loc`` are
+slot indices, one per token, handed out in whole pages) keeps a *row* of slot
+indices per request where vLLM keeps a block table. A row is a block table whose
+blocks have one slot: position ``p`` lives in slot ``row[p]``. KV-DATA-001 to
+KV-DATA-004 read the same for it, with "block" meaning a slot: a hit's slots hold
+the request's prefix, never unwritten; a slot a request holds -- from its locked
+hit, or computed by itself -- keeps its value until the request gives it up (it
+unlocks the path or frees the slot); and every page the cache holds keeps, slot
+by slot, the values of the prefix that names it. The null block (KV-DATA-005) and
+the groups' windows (KV-DATA-006) are vLLM's: a prefix tree's slot 0 is either a
+slot like any other (kvoracle's reference) or one its allocator never hands out
+(SGLang's padding slot, which padded tokens do write), so those two rules judge
+the block tables of the manager suite only.
+
 Engines are judged on these rules only through an adapter that keeps the
 store (``kvoracle.conformance.engines.paged_store.PagedStoreWrapper``, any engine) and
-declares the ``kv_data`` capability; the store needs torch (``kvoracle.gpu``).
+declares the ``kv_data`` capability -- for a prefix tree,
+``kvoracle.conformance.prefix_tree_store.PagedTreeStore`` -- and the store needs
+torch (``kvoracle.gpu``).
 This chapter itself is pure Python.
 """
 
@@ -74,6 +91,8 @@ from .registry import defines, rule
 CHAPTER = "data_integrity"
 RUNNER = "vllm/v1/worker/block_table.py BlockTable.compute_slot_mapping"
 POOL = "vllm/v1/core/block_pool.py"
+#: KV-DATA-001 .. 004 hold for a block table and for a row of token slots alike (see the chapter).
+BOTH = ("manager", "prefix-tree")
 
 KV_DATA_001 = rule(
     "KV-DATA-001",
@@ -84,7 +103,7 @@ KV_DATA_001 = rule(
     source=f"vllm/v1/core/kv_cache_manager.py get_computed_blocks; {RUNNER}",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("manager",),
+    judged_by=BOTH,
 )
 KV_DATA_002 = rule(
     "KV-DATA-002",
@@ -95,7 +114,7 @@ KV_DATA_002 = rule(
     source=f"{POOL} BlockPool.cache_full_blocks (num_full_blocks from num_tokens_to_cache)",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("manager",),
+    judged_by=BOTH,
 )
 KV_DATA_003 = rule(
     "KV-DATA-003",
@@ -106,7 +125,7 @@ KV_DATA_003 = rule(
     source=f"{POOL} BlockPool.get_new_blocks (assert ref_cnt == 0), is_block_writable",
     chapter=CHAPTER,
     needs=("kv_data",),
-    judged_by=("manager",),
+    judged_by=BOTH,
 )
 KV_DATA_004 = rule(
     "KV-DATA-004",
@@ -117,7 +136,7 @@ KV_DATA_004 = rule(
     source=f"{POOL} BlockPool.get_new_blocks / _maybe_evict_cached_block",
     chapter=CHAPTER,
     needs=("kv_data", "cache_map"),
-    judged_by=("manager",),
+    judged_by=BOTH,
 )
 KV_DATA_005 = rule(
     "KV-DATA-005",

@@ -65,7 +65,7 @@ def test_the_rules_needs_are_the_only_table_of_needs() -> None:
 def test_metadata_the_suites_rely_on() -> None:
     # Spot checks against what the suites were seen to check in runs against the reference engines.
     assert get_rule("KV-FULL-002").judged_by == ("manager", "hybrid")
-    assert get_rule("KV-DATA-001").judged_by == ("manager",)
+    assert get_rule("KV-DATA-001").judged_by == ("manager", "prefix-tree")
     assert get_rule("KV-HLC-003").needs == ("kv_cache_groups",)
     assert get_rule("KV-DATA-001").needs == ("kv_data",)
     assert get_rule("KV-EXT-001").judged_by == ("external-store",)

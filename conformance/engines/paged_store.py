@@ -48,6 +48,48 @@ from .paged_mamba import MambaStatePages, align_groups_of
 
 
 @attrs.frozen
+class Mismatch:
+    """The first position read through a table that does not hold its expected value."""
+
+    #: Its index among the positions read.
+    offset: int
+    #: The value its slot holds.
+    found: int
+    #: The slot's write epoch (``NO_SLOT_EPOCH``: the position has no slot).
+    written_at: int
+
+
+def first_mismatch(store: PagedKVStore, group: int, table: torch.Tensor, positions: torch.Tensor,
+                   expected: Sequence[int]) -> Mismatch | None:
+    """Read ``positions`` through ``table`` (a block table, or a row of slot indices in a store of
+    one-slot blocks) and compare them with ``expected``: the first that differs, or ``None``.
+    One gather judges every position, whoever the caller is (this wrapper, the prefix-tree
+    store)."""
+    actual, epochs = store.read(group, table, positions)
+    want = torch.tensor(list(expected), dtype=torch.int64, device=store.device)
+    wrong = (actual != want).nonzero()
+    if not wrong.numel():
+        return None
+    offset = int(wrong[0])
+    return Mismatch(offset, int(actual[offset]), int(epochs[offset]))
+
+
+def first_changed_block(store: PagedKVStore, group: int, block_ids: Sequence[int],
+                        expected: Sequence[tuple[int, ...]]) -> int | None:
+    """KV-DATA-004 over many blocks at once: the index of the first of ``block_ids`` whose slots do
+    not hold ``expected[i]`` (spec ``cached_block_intact``), or ``None``."""
+    if not block_ids:
+        return None
+    actual = store.blocks(group, torch.tensor(list(block_ids), dtype=torch.int64, device=store.device))
+    bad = (actual != torch.tensor(list(expected), dtype=torch.int64, device=store.device)).any(dim=1).nonzero()
+    if not bad.numel():
+        return None
+    index = int(bad[0])
+    assert not data_spec.cached_block_intact(tuple(expected[index]), tuple(actual[index].tolist()))
+    return index
+
+
+@attrs.frozen
 class _Group:
     """One KV-cache group as the store sees it."""
 
@@ -346,15 +388,11 @@ class PagedStoreWrapper:
                 checks.append(reach)
                 continue
             positions = torch.arange(first, count, device=self.device)
-            actual, _ = self.store.read(group_id, table, positions)
-            expected = torch.tensor(request.values[first:count], dtype=torch.int64,
-                                    device=self.device)
-            wrong = (actual != expected).nonzero()
-            if not wrong.numel():  # one read judges both rules
+            wrong = first_mismatch(self.store, group_id, table, positions, request.values[first:count])
+            if wrong is None:  # one read judges both rules
                 checks += [reach, (data_spec.KV_DATA_001, True, ""), (data_spec.KV_DATA_002, True, "")]
                 continue
-            position = first + int(wrong[0])
-            found = int(actual[position - first])
+            position, found = first + wrong.offset, wrong.found
             rule_id = data_spec.slot_violation(request.values[position], found, 0, 0, True)
             assert rule_id is not None
             what = "was never written" if found == data_spec.UNWRITTEN else \
@@ -405,18 +443,14 @@ class PagedStoreWrapper:
             if not reach[1]:
                 continue
             positions = torch.arange(first, request.computed, device=self.device)
-            actual, epochs = self.store.read(group_id, table, positions)
-            expected = torch.tensor(request.values[first:request.computed], dtype=torch.int64,
-                                    device=self.device)
-            wrong = (actual != expected).nonzero()
-            if not wrong.numel():
+            wrong = first_mismatch(self.store, group_id, table, positions,
+                                   request.values[first:request.computed])
+            if wrong is None:
                 checks.append((data_spec.KV_DATA_003, True, ""))
                 continue
-            offset = int(wrong[0])
-            position = first + offset
-            written_at = int(epochs[offset])
+            position, written_at = first + wrong.offset, wrong.written_at
             rule_id = data_spec.slot_violation(
-                request.values[position], int(actual[offset]), written_at,
+                request.values[position], wrong.found, written_at,
                 request.since[position], position < request.hit_tokens)
             assert rule_id is not None
             size = group.block_size
@@ -443,15 +477,10 @@ class PagedStoreWrapper:
                 blocks.append(block_id)
                 expected.append(values)
         for group_id, (keys, blocks, expected) in sorted(by_group.items()):
-            actual = self.store.blocks(group_id, torch.tensor(blocks, dtype=torch.int64,
-                                                              device=self.device))
-            bad = (actual != torch.tensor(expected, dtype=torch.int64,
-                                          device=self.device)).any(dim=1).nonzero()
-            if not bad.numel():
+            index = first_changed_block(self.store, group_id, blocks, expected)
+            if index is None:
                 continue
-            index = int(bad[0])
-            row = tuple(actual[index].tolist())
-            assert not data_spec.cached_block_intact(expected[index], row)
+            row = tuple(self.store.blocks(group_id, torch.tensor([blocks[index]], device=self.device))[0].tolist())
             unwritten = sum(v == data_spec.UNWRITTEN for v in row)
             return (data_spec.KV_DATA_004, False, (
                 f"block {blocks[index]} is cached under key {keys[index][0].hex()[:12]} in group "

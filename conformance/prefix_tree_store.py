@@ -1,0 +1,353 @@
+"""A paged KV store around any prefix-tree adapter: the KV-DATA rules for a radix cache.
+
+:class:`PagedTreeStore` wraps an adapter of the prefix-tree suite (kvoracle's reference tree,
+SGLang's ``RadixCache`` or ``UnifiedRadixCache``) with a physical KV store
+(:class:`kvoracle.gpu.PagedKVStore`) and plays SGLang's model runner over it. SGLang gives
+every token its own KV index: a request's row (``req_to_token``) is the slots of its hit,
+read off the locked path (``prefix_device_indices``), then the slots the allocator gave it
+(``out_cache_loc``); the forward pass writes each computed token's KV into its slot and
+attends to the others through the row. So the store has blocks of one slot, and a row is a
+block table (spec chapter ``data_integrity``, token-granular indices).
+
+What the wrapper does, operation by operation (everything is forwarded to the inner adapter
+first):
+
+- ``match``: reads the hit's slots and compares them with the values of the request's own
+  prefix in its namespace (KV-DATA-001, never unwritten: KV-DATA-002);
+- ``lock``: the request relies on the locked path's slots from now on;
+- ``forward`` (the driver's call when a request computes): writes the value of every token
+  past ``start`` into its slot; the request relies on those too;
+- ``insert``: the request goes on with the cache's slots for the inserted pages (SGLang's
+  scheduler re-reads the path after ``cache_unfinished_req``), read from the inner adapter's
+  observation;
+- ``free`` and ``unlock``: the request stops relying on the slots it gives up;
+- ``observe``: the inner observation with the store's verdicts (``TreeView.data_checks``):
+  the hits since the last observation, every slot a request relies on (KV-DATA-003, or -001
+  / -002 when it was handed wrong data, spec ``slot_violation``) and every slot of every page
+  the cache holds (KV-DATA-004).
+
+The value written for a token is spec ``slot_value`` chained from a seed that covers the
+namespace (:func:`namespace_salt`), so that equal tokens in two namespaces never hold equal
+values. The checks share their reading code with the vLLM-shaped wrapper
+(:func:`~.engines.paged_store.first_mismatch`, :func:`~.engines.paged_store.first_changed_block`).
+
+Built-in engines of the prefix-tree suite: ``paged-reference`` (:class:`PagedReferenceTree`),
+``paged-sglang``, ``paged-sglang-unified`` and ``paged-sglang-unified-rust`` (SGLang's caches,
+``scripts/install_sglang.sh``). Importing this module needs torch (``kvoracle.gpu``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import attrs
+
+from kvoracle.gpu import PagedKVStore, default_device, torch
+from kvoracle.gpu.paged_store import NO_SLOT_EPOCH
+from kvoracle.spec import data_integrity as data_spec
+
+from .engines.paged_store import first_changed_block, first_mismatch
+from .harness.capabilities import Capabilities
+from .harness.suites import capabilities_of
+from .prefix_tree_protocol import PrefixTreeAdapter, TreeSetup, TreeView
+
+#: The store's one group: a block is one slot, a request's row is its block table.
+GROUP = 0
+#: A position the request does not rely on (any more) in its row.
+NOT_RELIED = -1
+
+Check = tuple[str, bool, str]
+
+
+def namespace_salt(namespace: int) -> str | None:
+    """The salt chained into a namespace's slot values (spec ``prefix_seed``): none for 0."""
+    return None if namespace == 0 else f"prefix-tree namespace {namespace}"
+
+
+@attrs.define
+class _Held:
+    """What a request holds, position by position: the slot its row names (``NOT_RELIED`` where it
+    relies on nothing), since which store epoch it relies on it, and whether the cache gave it
+    (a hit, or the cache's copy after an insertion) rather than the request computing it."""
+
+    namespace: int
+    tokens: tuple[int, ...] = ()
+    row: list[int] = attrs.Factory(list)
+    since: list[int] = attrs.Factory(list)
+    given: list[bool] = attrs.Factory(list)
+    #: The first positions, those the request reads from the cache's pages (its lock's path).
+    from_cache: int = 0
+
+    def rely(self, position: int, slot: int, epoch: int, given: bool) -> None:
+        """Rely on ``slot`` at ``position`` from ``epoch`` on (an unchanged slot keeps its epoch)."""
+        while len(self.row) <= position:
+            self.row.append(NOT_RELIED)
+            self.since.append(0)
+            self.given.append(False)
+        if self.row[position] != slot:
+            self.row[position], self.since[position], self.given[position] = slot, epoch, given
+
+    def drop(self, positions: Sequence[int]) -> None:
+        for position in positions:
+            if position < len(self.row):
+                self.row[position] = NOT_RELIED
+
+    def relied(self) -> list[int]:
+        return [p for p, slot in enumerate(self.row) if slot != NOT_RELIED]
+
+
+class PagedTreeStore:
+    """Any prefix-tree adapter, plus a paged KV store that a model runner writes through the
+    engine's slot indices, judged by KV-DATA-001 .. 004."""
+
+    def __init__(self, inner: PrefixTreeAdapter, device: torch.device | str | None = None) -> None:
+        self.inner = inner
+        #: A subclass may name itself; a plain wrapper is named after what it wraps.
+        self.name: str = getattr(type(self), "name", f"{inner.name}+paged-store")
+        self.device = torch.device(device) if device is not None else default_device()
+        self.setup: TreeSetup | None = None
+        self.store: PagedKVStore | None = None
+        self._reset()
+
+    def _reset(self) -> None:
+        #: handle -> (namespace, tokens, slots) of the path its last match or insert ended at.
+        self.found: dict[int, tuple[int, tuple[int, ...], tuple[int, ...]]] = {}
+        self.held: dict[int, _Held] = {}
+        #: Verdicts on the hits since the last observation.
+        self.pending: list[Check] = []
+        #: (namespace, tokens) -> the slot value of every position (spec ``extend_prefix_values``).
+        self.values: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+
+    # -- forwarded ---------------------------------------------------------------------------------
+    def version(self) -> str:
+        return self.inner.version()
+
+    def capabilities(self) -> Capabilities:
+        return attrs.evolve(capabilities_of(self.inner), kv_data=True)
+
+    def configure(self, setup: TreeSetup) -> None:
+        self.inner.configure(setup)
+        self.setup = setup
+        # Slot indices of every allocator here lie below capacity + one page (SGLang's start at 1,
+        # or at page 1: slot 0 is its padding slot); an index past the store has no slot.
+        self.store = PagedKVStore(setup.num_pages * setup.page_size + setup.page_size, (1,), self.device)
+        self._reset()
+
+    def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, Sequence[int]]:
+        hit, slots = self.inner.match(handle, namespace, tokens)
+        slots = tuple(int(s) for s in slots)
+        self.found[handle] = (namespace, tuple(tokens[:hit]), slots)
+        self.pending.extend(self._check_hit(handle, namespace, tuple(tokens), hit, slots))
+        return hit, slots
+
+    def lock(self, handle: int) -> None:
+        self.inner.lock(handle)
+        assert self.store is not None
+        namespace, tokens, slots = self.found[handle]
+        held = self.held.setdefault(handle, _Held(namespace))
+        if len(tokens) > len(held.tokens):
+            held.tokens = tokens
+        for position, slot in enumerate(slots[:len(tokens)]):
+            held.rely(position, slot, self.store.clock, given=True)
+        held.from_cache = min(len(tokens), len(slots))
+
+    def unlock(self, handle: int) -> None:
+        self.inner.unlock(handle)
+        held = self.held.get(handle)
+        if held is None:
+            return
+        held.drop(range(held.from_cache))
+        held.from_cache = 0
+        if not held.relied():
+            del self.held[handle]
+
+    def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
+        prefix = self.inner.insert(handle, namespace, tokens, slots)
+        assert self.setup is not None and self.store is not None
+        size = self.setup.page_size
+        pages = {(page.namespace, tuple(page.tokens)): tuple(page.slots) for page in self.inner.observe().pages}
+        path: list[int] = []
+        for end in range(size, len(tokens) // size * size + 1, size):
+            page = pages.get((namespace, tuple(tokens[:end])))
+            if page is None or len(page) != size:
+                break  # the cache lost the path here: its own rules say so
+            path.extend(page)
+        self.found[handle] = (namespace, tuple(tokens[:len(path)]), tuple(path))
+        held = self.held.get(handle)
+        if held is not None:  # from now on the request reads the cache's copy of its pages
+            for position, slot in enumerate(path):
+                held.rely(position, slot, self.store.clock, given=True)
+            held.from_cache = max(held.from_cache, len(path))
+        return prefix
+
+    def alloc(self, num_tokens: int) -> Sequence[int] | None:
+        return self.inner.alloc(num_tokens)
+
+    def free(self, slots: Sequence[int]) -> None:
+        self.inner.free(slots)
+        gone = {int(s) for s in slots}
+        for held in self.held.values():
+            held.drop([p for p, slot in enumerate(held.row) if slot in gone])
+
+    def evict(self, num_tokens: int) -> int:
+        return self.inner.evict(num_tokens)
+
+    def forward(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int],
+                start: int) -> None:
+        """The forward pass: writes the KV of ``tokens[start:]`` into ``slots[start:len(tokens)]``;
+        the request relies on its whole row from now on."""
+        assert self.store is not None
+        if not 0 <= start <= len(tokens):
+            raise ValueError(f"forward: start must lie in 0..{len(tokens)} (the request's tokens), got {start}")
+        tokens, slots = tuple(tokens), tuple(int(s) for s in slots)
+        held = self.held.setdefault(handle, _Held(namespace))
+        held.namespace, held.tokens = namespace, tokens
+        values = self._values(namespace, tokens)
+        stop = min(len(tokens), len(slots))
+        epoch = self.store.clock
+        if stop > start:
+            epoch = self.store.write(GROUP, self.write_row(slots), torch.arange(start, stop, device=self.device),
+                                     torch.tensor(values[start:stop], dtype=torch.int64, device=self.device))
+        for position in range(stop):
+            held.rely(position, slots[position], epoch if position >= start else self.store.clock,
+                      given=position < start)
+
+    def write_row(self, slots: tuple[int, ...]) -> torch.Tensor:
+        """The row the forward pass writes through: the request's slots (a seam for the meta-tests'
+        broken runners)."""
+        return torch.tensor(slots, dtype=torch.int64, device=self.device)
+
+    def observe(self) -> TreeView:
+        view = self.inner.observe()
+        checks, self.pending = self.pending, []
+        for handle, held in self.held.items():
+            checks.extend(self._check_held(handle, held))
+        checks.append(self._check_pages(view))
+        return attrs.evolve(view, data_checks=tuple(checks))
+
+    # -- the values and the checks -----------------------------------------------------------------
+    def _values(self, namespace: int, tokens: tuple[int, ...]) -> tuple[int, ...]:
+        """The slot value of each of ``tokens`` in ``namespace``, kept per prefix."""
+        key = (namespace, tokens)
+        known = self.values.get(key)
+        if known is None:
+            before = self._values(namespace, tokens[:-1]) if tokens else ()
+            known = data_spec.extend_prefix_values(before, tokens, namespace_salt(namespace))
+            self.values[key] = known
+        return known
+
+    def _read(self, slots: Sequence[int], positions: Sequence[int], expected: Sequence[int]):
+        assert self.store is not None
+        row = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
+        return first_mismatch(self.store, GROUP, row, torch.tensor(list(positions), dtype=torch.int64,
+                                                                     device=self.device), expected)
+
+    def _check_hit(self, handle: int, namespace: int, tokens: tuple[int, ...], hit: int,
+                   slots: tuple[int, ...]) -> list[Check]:
+        """KV-DATA-001/002: every slot of the hit holds the request's own prefix."""
+        count = min(hit, len(slots), len(tokens))
+        if count <= 0:
+            return []
+        values = self._values(namespace, tokens[:count])
+        wrong = self._read(slots, range(count), values)
+        if wrong is None:
+            return [(data_spec.KV_DATA_001, True, ""), (data_spec.KV_DATA_002, True, "")]
+        position = wrong.offset
+        rule_id = data_spec.slot_violation(values[position], wrong.found, 0, 0, True)
+        assert rule_id is not None
+        what = "was never written" if wrong.found == data_spec.UNWRITTEN else "holds other data"
+        return [(rule_id, False, (
+            f"a lookup under handle {handle} (namespace {namespace}) hit {hit} tokens in slots "
+            f"{list(slots[:16])}{' ...' if len(slots) > 16 else ''}: position {position} (slot "
+            f"{slots[position]}, token {tokens[position]}) {what}, not the request's prefix"))]
+
+    def _check_held(self, handle: int, held: _Held) -> list[Check]:
+        """KV-DATA-003 (or -001/-002 for data the cache handed over wrong): every slot the request
+        relies on still holds what it computed or adopted."""
+        positions = held.relied()
+        if not positions:
+            return []
+        values = self._values(held.namespace, held.tokens)
+        positions = [p for p in positions if p < len(values)]
+        wrong = self._read(held.row, positions, [values[p] for p in positions])
+        if wrong is None:
+            return [(data_spec.KV_DATA_003, True, "")]
+        position = positions[wrong.offset]
+        rule_id = data_spec.slot_violation(values[position], wrong.found, wrong.written_at,
+                                           held.since[position], held.given[position])
+        assert rule_id is not None
+        origin = "given by the cache" if held.given[position] else "computed by itself"
+        changed = "-" if wrong.written_at == NO_SLOT_EPOCH else wrong.written_at
+        return [(rule_id, False, (
+            f"the request under handle {handle} relies on position {position} (token "
+            f"{held.tokens[position]}, {origin}, since write epoch {held.since[position]}), but slot "
+            f"{held.row[position]} holds other data (last changed at epoch {changed})"))]
+
+    def _check_pages(self, view: TreeView) -> Check:
+        """KV-DATA-004: every slot of every page the cache holds holds the prefix naming the page."""
+        assert self.store is not None
+        slots: list[int] = []
+        expected: list[tuple[int, ...]] = []
+        names: list[tuple[int, tuple[int, ...]]] = []
+        for page in view.pages:
+            tokens = tuple(page.tokens)
+            values = self._values(page.namespace, tokens)
+            first = len(tokens) - len(page.slots)
+            for offset, slot in enumerate(page.slots):
+                if 0 <= first + offset < len(values) and 0 <= slot < self.store.num_blocks:
+                    slots.append(int(slot))
+                    expected.append((values[first + offset],))
+                    names.append((page.namespace, tokens))
+        index = first_changed_block(self.store, GROUP, slots, expected)
+        if index is None:
+            return (data_spec.KV_DATA_004, True, "")
+        found = int(self.store.values[GROUP][slots[index], 0])
+        namespace, tokens = names[index]
+        what = "was never written" if found == data_spec.UNWRITTEN else "holds other data"
+        return (data_spec.KV_DATA_004, False, (
+            f"the cache holds page {list(tokens)} (namespace {namespace}) with slot {slots[index]}, which "
+            f"{what}"))
+
+
+class PagedReferenceTree(PagedTreeStore):
+    """kvoracle's reference prefix tree and page allocator in a paged KV store."""
+
+    name = "paged-reference"
+
+    def __init__(self) -> None:
+        from .prefix_tree import ReferencePrefixTree
+
+        super().__init__(ReferencePrefixTree())
+
+
+class PagedSGLangRadixCache(PagedTreeStore):
+    """SGLang 0.5.23's ``RadixCache`` (``--engine sglang``) in a paged KV store."""
+
+    name = "paged-sglang"
+
+    def __init__(self) -> None:
+        from .engines.sglang import SGLangRadixCache
+
+        super().__init__(SGLangRadixCache())
+
+
+class PagedSGLangUnified(PagedTreeStore):
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, Python tree core) in a paged KV store."""
+
+    name = "paged-sglang-unified"
+
+    def __init__(self) -> None:
+        from .engines.sglang_unified import SGLangUnifiedRadixCache
+
+        super().__init__(SGLangUnifiedRadixCache())
+
+
+class PagedSGLangUnifiedRust(PagedTreeStore):
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, Rust tree core) in a paged KV store."""
+
+    name = "paged-sglang-unified-rust"
+
+    def __init__(self) -> None:
+        from .engines.sglang_unified import SGLangUnifiedRustCore
+
+        super().__init__(SGLangUnifiedRustCore())
