@@ -260,3 +260,75 @@ BROKEN_UNIFIED = {
     RustEvictLeaks: "KV-TREE-010",
     RustInsertFreesHeld: "KV-TREE-010",
 }
+
+
+# -- faults the paged KV store judges first (KV-DATA, conformance/prefix_tree_store.py) -------------------
+def _path_pages_reversed(cache: Any, node: Any) -> Any:
+    path = _base(cache).path_device_indices(node)
+    size = cache.page_size
+    return path.view(-1, size).flip(0).reshape(-1) if path.numel() else path
+
+
+def _evict_freeing_parents(cache: Any, params: Any) -> Any:
+    """The real ``evict``, but each ``free_segment`` of a leaf's slots gives back as many of its
+    parent's last slots instead, when the parent is not the root and has that many."""
+    pool = cache.token_to_kv_pool_allocator
+    real = pool.free_segment
+    nodes, stack = {}, [cache.root_node]
+    while stack:
+        node = stack.pop()
+        nodes[id(node.value)] = node
+        stack.extend(node.children.values())
+
+    def free_segment(value: Any, *args: Any, **kwargs: Any) -> Any:
+        node = nodes.get(id(value))
+        parent = None if node is None else node.parent
+        if parent is not None and parent is not cache.root_node and len(parent.value) >= len(value):
+            value = parent.value[len(parent.value) - len(value):]
+        return real(value, *args, **kwargs)
+
+    pool.free_segment = free_segment
+    try:
+        return _base(cache).evict(params)
+    finally:
+        del pool.free_segment
+
+
+class PathPagesReversed(_PatchedCache):
+    """``path_device_indices`` (the hit's slots the scheduler puts in the request's row) lists the
+    path's pages root-last."""
+
+    name = "sglang-path-pages-reversed"
+    methods = (("path_device_indices", _path_pages_reversed),)
+
+
+class EvictFreesParent(_PatchedCache):
+    """``evict`` frees the last slots of each evicted leaf's parent instead of the leaf's own: the
+    counts balance, the leaf's slots leak, and the parent's, still in the tree, are handed out
+    again."""
+
+    name = "sglang-evict-frees-parent"
+    methods = (("evict", _evict_freeing_parents),)
+
+
+UnifiedPathPagesReversed = _unified(PathPagesReversed)
+RustPathPagesReversed = _on_rust(UnifiedPathPagesReversed)
+
+
+def in_store(broken: type) -> type:
+    """``broken`` in the paged KV store (conformance/prefix_tree_store.py)."""
+    from kvoracle.conformance.prefix_tree_store import PagedTreeStore
+
+    return type(f"Paged{broken.__name__}", (PagedTreeStore,), {
+        "__doc__": broken.__doc__, "name": f"paged-{broken.name}",
+        "__init__": lambda self: PagedTreeStore.__init__(self, broken())})
+
+
+#: Each broken cache in the paged store and the data rule it must be convicted of (the store's
+#: verdicts come before the suite's own, so the data rule, not KV-TREE-002 or -010, is charged).
+BROKEN_IN_STORE = {
+    PathPagesReversed: "KV-DATA-001",
+    EvictFreesParent: "KV-DATA-004",
+    UnifiedPathPagesReversed: "KV-DATA-001",
+    RustPathPagesReversed: "KV-DATA-001",
+}
