@@ -37,6 +37,7 @@ from .prefix_tree_protocol import (
     Checkpoint,
     Compute,
     Evict,
+    EvictWindow,
     Finish,
     PageView,
     Peek,
@@ -46,8 +47,8 @@ from .prefix_tree_protocol import (
     TreeView,
 )
 
-__all__ = ["Abort", "Arrive", "Checkpoint", "Compute", "Evict", "Finish", "PageView", "Peek", "PrefixTreeAdapter",
-           "ReferencePrefixTree", "Serve", "TreeSetup", "TreeView"]
+__all__ = ["Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictWindow", "Finish", "PageView", "Peek",
+           "PrefixTreeAdapter", "ReferencePrefixTree", "Serve", "TreeSetup", "TreeView"]
 
 
 class ReferencePrefixTree:
@@ -65,15 +66,25 @@ class ReferencePrefixTree:
     def version(self) -> str:
         return __version__
 
+    #: It takes a window component (``TreeSetup.window``; KV-TREE-016 .. 021).
+    window_component = True
+    #: ... and runs without one too (setups draw ``window = 0`` half of the time).
+    window_optional = True
+
     def configure(self, setup: TreeSetup) -> None:
         self.allocator = PageAllocator(setup.num_pages, setup.page_size)
-        self.tree = PrefixTree(setup.page_size)
+        self.tree = PrefixTree(setup.page_size, window=setup.window)
         self.found, self.locked = {}, {}
+        self.own: dict[int, int] = {}
+        #: Window slots in use outside the cache: one per slot allocated and not yet freed.
+        self.window_capacity = setup.num_pages * setup.page_size
+        self.window_used = 0
 
     def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
         assert self.tree is not None
         hit, slots = self.tree.match(namespace, tokens)
         self.found[handle] = self.tree.page_keys(namespace, tokens)[:hit // self.tree.page_size]
+        self.own[handle] = hit
         return hit, slots
 
     def lock(self, handle: int) -> None:
@@ -90,8 +101,9 @@ class ReferencePrefixTree:
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
         assert self.tree is not None
-        held = self.tree.insert(namespace, tokens, slots)
+        held = self.tree.insert(namespace, tokens, slots, own=self.own.get(handle, 0))
         self.found[handle] = self.tree.page_keys(namespace, tokens)
+        self.own[handle] = len(self.found[handle]) * self.tree.page_size
         return held
 
     def alloc(self, num_tokens: int) -> tuple[int, ...] | None:
@@ -110,12 +122,39 @@ class ReferencePrefixTree:
             self.allocator.free(pages[key])
         return len(removed) * self.tree.page_size
 
+    def evict_window(self, num_tokens: int) -> int:
+        """Drop window KV (KV-TREE-018): the reference's oldest-first order, sparing locked windows."""
+        assert self.tree is not None and self.allocator is not None
+        pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
+        dropped, removed = self.tree.evict_window(num_tokens, self.window_protected())
+        for key in removed:
+            self.allocator.free(pages[key])
+        return len(dropped) * self.tree.page_size
+
+    def window_protected(self) -> set[PageKey]:
+        assert self.tree is not None
+        return {key for path in self.locked.values() for key in self.tree.window_locked(path)}
+
     def observe(self) -> TreeView:
         assert self.tree is not None and self.allocator is not None
-        pages = tuple(PageView(ns, tokens, page.slots, page.locks) for (ns, tokens), page in self.tree.pages.items())
+        pages = tuple(PageView(ns, tokens, page.slots, page.locks, page.windowed)
+                      for (ns, tokens), page in self.tree.pages.items())
         evictable, protected = self.tree.sizes()
-        return TreeView(pages, evictable, protected, self.allocator.available())
+        if not self.tree.window:
+            return TreeView(pages, evictable, protected, self.allocator.available())
+        size = self.tree.page_size
+        guarded = self.window_protected()
+        window_protected = sum(size for key, page in self.tree.pages.items() if page.windowed and key in guarded)
+        # Every slot outside the cache carries its window slot; the cache's pages without window KV
+        # gave theirs back.
+        window_free = self.allocator.available() + (self.tree.cached_tokens() - self.tree.windowed_tokens())
+        return TreeView(pages, evictable, protected, self.allocator.available(), window_free=window_free,
+                        window_evictable=self.tree.windowed_tokens() - window_protected,
+                        window_protected=window_protected)
 
+
+#: The rules of a cache with a window component (chapter 14, KV-TREE-016 .. 021).
+WINDOW_RULES = tuple(f"KV-TREE-{n:03d}" for n in range(16, 22))
 
 #: The engines in a paged KV store (:mod:`.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
 _STORE = "kvoracle.conformance.prefix_tree_store"
@@ -135,4 +174,10 @@ PREFIX_TREE = register_suite(SuiteDef(
              "paged-reference": f"{_STORE}:PagedReferenceTree",
              "paged-sglang": f"{_STORE}:PagedSGLangRadixCache",
              "paged-sglang-unified": f"{_STORE}:PagedSGLangUnified",
-             "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust"}))
+             "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust",
+             "sglang-unified-swa": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWA"},
+    machine_options=lambda probe: {"windows": bool(getattr(probe, "window_component", False)),
+                                   "windowless_too": bool(getattr(probe, "window_optional", False))},
+    exclusions=lambda probe: {} if getattr(probe, "window_component", False) else dict.fromkeys(
+        WINDOW_RULES, "the engine has no window component (window_component), the only caches these rules "
+                      "are about")))

@@ -45,6 +45,7 @@ from .prefix_tree_protocol import (
     Checkpoint,
     Compute,
     Evict,
+    EvictWindow,
     Finish,
     Peek,
     Serve,
@@ -120,7 +121,8 @@ class TreeDriver(Driver):
         self.call("configure", step)
         self.setup = step
         recency = self.verdicts.capabilities.tree_recency
-        self.model = PrefixTree(step.page_size, recency if recency in spec.RECENCY_MODES else spec.PAGE_RECENCY)
+        self.model = PrefixTree(step.page_size, recency if recency in spec.RECENCY_MODES else spec.PAGE_RECENCY,
+                                window=step.window)
         self._judge_state(self._observe(), "KV-TREE-010")
 
     def _Arrive(self, step: Arrive) -> None:
@@ -201,6 +203,9 @@ class TreeDriver(Driver):
     def _Evict(self, step: Evict) -> None:
         self._evict(step.num_tokens)
 
+    def _EvictWindow(self, step: EvictWindow) -> None:
+        self._evict_window(step.num_tokens)
+
     # -- operations shared by steps ----------------------------------------------------------------
     def _look_up(self, handle: int, namespace: int, tokens: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
         """``match`` on the engine and the model; judges the hit (KV-TREE-001 .. 004)."""
@@ -209,6 +214,9 @@ class TreeDriver(Driver):
         slots = tuple(slots)
         if self.stores_kv:  # what the hit's slots hold, read from the store, before what they are
             self._judge_data(self._observe())
+        window = self.model.window
+        flags = self.model.window_flags(namespace, tokens)
+        want_held = spec.longest_held_prefix(self.model.held_flags(namespace, tokens), len(tokens), self.page_size)
         want, want_slots = self.model.match(namespace, tokens)
         check = self.verdicts.check
         detail = f"namespace {namespace}, tokens {_short(tokens)}, page size {self.page_size}"
@@ -225,9 +233,17 @@ class TreeDriver(Driver):
             f"hit position {wrong[0]} reads slot {slots[wrong[0]]}, which holds "
             f"{'nothing written' if contents[wrong[0]] == UNWRITTEN else _short(contents[wrong[0]][1])}"
             f" (namespace {contents[wrong[0]][0]}), not the request's token {wrong[0]}; {detail}"))
-        check("KV-TREE-003", hit == want, lambda: (
-            f"match answered a hit of {hit} tokens; the cache holds the request's first {want} tokens "
-            f"(held pages {list(self.model.held_flags(namespace, tokens))}); {detail}"))
+        if window:
+            check("KV-TREE-016", hit > want_held or spec.window_hit_ok(flags, hit, window, self.page_size), lambda: (
+                f"match answered a hit of {hit} tokens, but the window KV of its last {min(hit, window)} tokens "
+                f"is not all held (pages with window KV: {list(flags)}, window {window}); {detail}"))
+        # With a window, a hit shorter than the held prefix is KV-TREE-017's; else KV-TREE-003's.
+        longest = "KV-TREE-003" if want == want_held else "KV-TREE-017"
+        check(longest, hit == want, lambda: (
+            f"match answered a hit of {hit} tokens; the cache holds the request's first {want_held} tokens "
+            f"(held pages {list(self.model.held_flags(namespace, tokens))})"
+            + (f", with window KV on pages {list(flags)} (window {window}): the hit is {want}" if window else "")
+            + f"; {detail}"))
         check("KV-TREE-002", slots == want_slots, lambda: (
             f"match answered slots {list(slots)}; the cache holds those pages in slots {list(want_slots)}; {detail}"))
         return hit, slots
@@ -248,17 +264,43 @@ class TreeDriver(Driver):
         aligned = len(req.tokens) // size * size
         held = self.call("insert", handle, req.namespace, req.tokens, tuple(req.row[:len(req.tokens)]),
                          rule="KV-TREE-012")
-        want = self.model.insert(req.namespace, req.tokens, req.row[:aligned])
+        locks = {key: page.locks for key, page in self.model.pages.items()}
+        want = self.model.insert(req.namespace, req.tokens, req.row[:aligned], own=req.protected)
         self.verdicts.check("KV-TREE-012", held == want, lambda: (
             f"insert answered {held} tokens already held; the cache held the first {want} of "
             f"{_short(req.tokens)} (namespace {req.namespace})"))
-        duplicates = req.row[req.protected:want]
+        adopted = self._follow_refills(req, locks) if self.model.refilled else set()
+        duplicates = [slot for position, slot in enumerate(req.row[:want]) if position >= req.protected
+                      and position // size not in adopted]
         if duplicates:
             self.call("free", tuple(duplicates), rule="KV-TREE-012")
         path = self.model.page_keys(req.namespace, req.tokens)
         req.row = [slot for key in path for slot in self.model.pages[key].slots] + req.row[aligned:]
         req.protected = aligned
         return aligned
+
+    def _follow_refills(self, req: Request, locks: dict[PageKey, int]) -> set[int]:
+        """The pages an insertion re-filled with window KV (KV-TREE-020): each keeps its slots or,
+        when no lock ran through it, takes the inserter's; the model follows what the engine
+        shows. The indices of the pages that took the inserter's slots."""
+        assert self.model is not None
+        size = self.page_size
+        shown = {(p.namespace, tuple(p.tokens)): p for p in self._observe().pages}
+        keys = self.model.page_keys(req.namespace, req.tokens)
+        adopted: set[int] = set()
+        for key in self.model.refilled:
+            j = keys.index(key)
+            given = tuple(req.row[j * size:(j + 1) * size])
+            page = shown.get(key)
+            if page is None or tuple(page.slots) == self.model.pages[key].slots:
+                continue  # the state judgement says what is wrong with a missing or moved page
+            message = (f"insert re-filled the window KV of {_page(key)} and moved it from slots "
+                       f"{list(self.model.pages[key].slots)} to {list(page.slots)}: only an unlocked page may "
+                       f"move, and only to the inserter's slots {list(given)} ({locks.get(key)} locks)")
+            self.verdicts.check("KV-TREE-020", tuple(page.slots) == given and not locks.get(key), message)
+            self.model.adopt(key, given)
+            adopted.add(j)
+        return adopted
 
     def _release(self, handle: int, req: Request) -> None:
         """Free the slots the request holds outside the cache (its unaligned tail, once inserted) and
@@ -310,6 +352,60 @@ class TreeDriver(Driver):
         model.remove(removed)
         self._judge_state(view, "KV-TREE-007")
 
+    def window_guarded(self) -> set[PageKey]:
+        """The pages whose window KV a held lock protects (KV-TREE-019)."""
+        assert self.model is not None
+        return {key for req in self.requests.values() for key in self.model.window_locked(req.locked)}
+
+    def _evict_window(self, num_tokens: int) -> None:
+        """``evict_window(num_tokens)``, judged (KV-TREE-018, with 005, 006 and 019); the model
+        follows it."""
+        assert self.model is not None
+        model, size, check = self.model, self.page_size, self.verdicts.check
+        guarded = self.window_guarded()
+        before = self._observe()
+        reported = self.call("evict_window", num_tokens, rule="KV-TREE-018")
+        view = self._observe()
+        shown = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
+        removed = [key for key in model.pages if key not in shown]
+        added = sorted(set(shown) - set(model.pages))
+        check("KV-TREE-018", not added, lambda: (
+            f"evict_window({num_tokens}) added pages {'; '.join(map(_page, added[:4]))}"))
+        dropped = [key for key, page in model.pages.items()
+                   if page.windowed and (key not in shown or not shown[key].windowed)]
+        regained = [key for key, page in model.pages.items()
+                    if not page.windowed and key in shown and shown[key].windowed]
+        check("KV-TREE-018", not regained, lambda: (
+            f"evict_window({num_tokens}) gave {_page(regained[0])} its window KV back"))
+        locked = [key for key in removed if model.pages[key].locks]
+        check("KV-TREE-005", not locked, lambda: (
+            f"evict_window({num_tokens}) removed locked pages: " + "; ".join(
+                f"{_page(k)} ({model.pages[k].locks} locks)" for k in locked[:3])))
+        self._judge_shape(view)
+        hit_locks = [key for key in dropped if key in guarded]
+        check("KV-TREE-019", not hit_locks, lambda: (
+            f"evict_window({num_tokens}) dropped the window KV of {_page(hit_locks[0])}, inside a held lock's "
+            f"window of {model.window} tokens"))
+        inner = [key for key in removed if any(model.parent(other) == key for other in shown)]
+        # The cache's own account says what it may evict: at most what lies outside the locked
+        # windows, at least the window KV of pages no lock runs through.
+        evictable = before.window_evictable if before.window_evictable is not None else 0
+        unguarded = sum(size for key, page in model.pages.items() if page.windowed and key not in guarded)
+        free_of_locks = sum(size for page in model.pages.values() if page.windowed and not page.locks)
+        check("KV-TREE-018", free_of_locks <= evictable <= unguarded, lambda: (
+            f"before evict_window({num_tokens}) the cache counted {evictable} window tokens evictable; "
+            f"{free_of_locks} are in pages no lock runs through and {unguarded} outside the locked windows"))
+        count = len(dropped) * size
+        ok = spec.window_eviction_ok(num_tokens, evictable, count, reported, len(hit_locks), len(inner))
+        check("KV-TREE-018", ok, lambda: (
+                       f"evict_window({num_tokens}) reported {reported} window tokens and dropped {count} "
+                       f"({len(dropped)} pages, {len(removed)} of them removed"
+                       + (f", {len(inner)} with a held child: {_page(inner[0])}" if inner else "")
+                       + f"); {evictable} window tokens were evictable"))
+        model.remove(removed)
+        model.drop_window([key for key in dropped if key not in removed])
+        self._judge_state(view, "KV-TREE-018")
+
     def _forward(self, handle: int, req: Request, row: list[int]) -> None:
         """The model runner's forward pass over the request's row (an engine in a paged KV store):
         it reads the tokens the cache gave, writes the others; then the store's verdicts."""
@@ -360,6 +456,30 @@ class TreeDriver(Driver):
         check("KV-TREE-010", spec.capacity_balances(view.free_slots, model.cached_tokens(), held, self.capacity),
               lambda: (f"{view.free_slots} free slots + {model.cached_tokens()} held by the cache + {held} held by "
                        f"requests != capacity {self.capacity}"))
+        if model.window:
+            self._judge_window(view, pages, "KV-TREE-020" if content_rule == "KV-TREE-012" else content_rule)
+
+    def _judge_window(self, view: TreeView, pages: dict, flag_rule: str) -> None:
+        """A cache with a window component: which pages hold window KV (the step's rule), the locked
+        windows (KV-TREE-019) and the window slots (KV-TREE-021)."""
+        assert self.model is not None
+        model, check = self.model, self.verdicts.check
+        flags = [key for key, page in pages.items() if bool(page.windowed) != model.pages[key].windowed]
+        check(flag_rule, not flags, lambda: (
+            f"page {_page(flags[0])} {'holds' if pages[flags[0]].windowed else 'lacks'} its window KV; "
+            f"kvoracle expects it to {'hold' if model.pages[flags[0]].windowed else 'lack'} it"))
+        bare = sorted(key for key in self.window_guarded() if key in pages and not pages[key].windowed)
+        check("KV-TREE-019", not bare, lambda: (
+            f"page {_page(bare[0])} lacks its window KV inside a held lock's window of {model.window} tokens"))
+        held = len(self.held_by_requests())
+        windowed = model.windowed_tokens()
+        free = view.window_free if view.window_free is not None else -1
+        account = (view.window_evictable or 0) + (view.window_protected or 0)
+        check("KV-TREE-021", free >= 0 and spec.window_slots_balance(free, windowed, held, self.capacity, account),
+              lambda: (f"{free} free window slots + {windowed} held by the cache's pages with window KV + {held} "
+                       f"held by requests should be the window capacity {self.capacity}, and the cache's account "
+                       f"of its window tokens ({view.window_evictable} evictable + {view.window_protected} "
+                       f"protected) {windowed}"))
 
 
 # -- the machine -------------------------------------------------------------------------------------
@@ -385,10 +505,22 @@ def tree_setups(draw: st.DrawFn) -> TreeSetup:
     return TreeSetup(page_size, num_pages, tuple(prompts))
 
 
+def window_sizes(page_size: int) -> st.SearchStrategy[int]:
+    """Window sizes at and around page boundaries: a page, one less and one more, two and three
+    pages, a single token."""
+    return st.sampled_from(sorted({w for w in (1, page_size - 1, page_size, page_size + 1, 2 * page_size - 1,
+                                               2 * page_size, 2 * page_size + 1, 3 * page_size) if w > 0}))
+
+
 class PrefixTreeMachine(SuiteMachine):
     """Requests arriving, computing, checkpointing, finishing and aborting; lookups; evictions."""
 
     driver: TreeDriver
+    #: The engine has a window component (machine option): setups draw a window size, and
+    #: evictions are of window KV half of the time.
+    windows = False
+    #: ... and it also runs without one (setups draw no window half of the time).
+    windowless_too = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -401,8 +533,11 @@ class PrefixTreeMachine(SuiteMachine):
         self.next_handle += 1
         return self.next_handle
 
-    @initialize(setup=tree_setups())
-    def configure(self, setup: TreeSetup) -> None:
+    @initialize(setup=tree_setups(), data=st.data())
+    def configure(self, setup: TreeSetup, data: st.DataObject) -> None:
+        if self.windows:
+            sizes = st.just(0) | window_sizes(setup.page_size) if self.windowless_too else window_sizes(setup.page_size)
+            setup = attrs.evolve(setup, window=data.draw(sizes, label="window"))
         self.driver.apply(setup)
 
     def _prompt(self, data: st.DataObject) -> tuple[int, int, int | None]:
@@ -471,6 +606,9 @@ class PrefixTreeMachine(SuiteMachine):
         size = self.driver.page_size
         small = st.sampled_from([0, size, size, 2 * size])
         count = st.one_of(small, small, small, st.integers(0, self.driver.capacity))
+        if self.windows and self.driver.setup.window and data.draw(st.booleans(), label="window KV"):
+            self.driver.apply(EvictWindow(data.draw(count, label="num_tokens")))
+            return
         self.driver.apply(Evict(data.draw(count, label="num_tokens")))
 
     @rule()

@@ -28,6 +28,8 @@ class PageView:
     tokens: tuple[int, ...]
     slots: tuple[int, ...]
     locks: int
+    #: Whether the page holds its window KV (a cache with a window component; always without one).
+    windowed: bool = True
 
 
 @attrs.frozen
@@ -42,6 +44,11 @@ class TreeView:
     #: An engine in a paged KV store (capability ``kv_data``): the store's verdicts since the last
     #: observation, ``(rule id, ok, message)`` each (KV-DATA-001 .. 004); ``None`` without a store.
     data_checks: tuple[tuple[str, bool, str], ...] | None = None
+    #: A cache with a window component (``TreeSetup.window > 0``): its free window slots and its own
+    #: account of the window KV tokens it holds, evictable and protected (KV-TREE-018, 021).
+    window_free: int | None = None
+    window_evictable: int | None = None
+    window_protected: int | None = None
 
 
 @runtime_checkable
@@ -78,6 +85,14 @@ class PrefixTreeAdapter(Protocol):
 
     def observe(self) -> TreeView: ...
 
+    # An adapter with a window component (``window_component = True``: it takes ``TreeSetup.window``)
+    # also offers
+    #
+    #   evict_window(num_tokens) -> int
+    #
+    # drop at least ``num_tokens`` tokens of window KV outside locked windows if it can (a leaf may
+    # go whole); the window tokens dropped (KV-TREE-018).
+    #
     # An adapter that claims ``kv_data`` (a paged KV store around the cache) also offers
     #
     #   forward(handle, namespace, tokens, slots, start) -> None
@@ -98,6 +113,9 @@ class TreeSetup:
     page_size: int
     num_pages: int
     prompts: tuple[tuple[int, ...], ...]
+    #: A window component of this many tokens (a hybrid model's sliding-window layers), 0 for none;
+    #: its slots are a capacity of ``num_pages * page_size`` of their own.
+    window: int = 0
 
 
 @attrs.frozen
@@ -185,10 +203,21 @@ class Evict:
     num_tokens: int
 
 
-STEP_NAMES = ("Abort", "Arrive", "Checkpoint", "Compute", "Evict", "Finish", "Peek", "Serve", "TreeSetup")
+@attrs.frozen
+class EvictWindow:
+    """The scheduler asks for ``num_tokens`` tokens of window KV back (a cache with a window)."""
+
+    primary_rule = "KV-TREE-018"
+
+    num_tokens: int
+
+
+STEP_NAMES = ("Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictWindow", "Finish", "Peek", "Serve",
+              "TreeSetup")
 
 _SLOTS = returns.sequence_of(returns.integer)
-_PAGE = returns.attributes(PageView, namespace=returns.integer, tokens=_SLOTS, slots=_SLOTS, locks=returns.integer)
+_PAGE = returns.attributes(PageView, namespace=returns.integer, tokens=_SLOTS, slots=_SLOTS, locks=returns.integer,
+                           windowed=returns.boolean)
 
 #: What each operation must return.
 RETURNS = {
@@ -196,9 +225,13 @@ RETURNS = {
     "insert": returns.integer,
     "alloc": returns.optional(_SLOTS),
     "evict": returns.integer,
+    "evict_window": returns.integer,
     "observe": returns.attributes(TreeView, pages=returns.sequence_of(_PAGE), evictable=returns.integer,
                                   protected=returns.integer, free_slots=returns.integer,
                                   data_checks=returns.optional(returns.sequence_of(
-                                      returns.sequence_of(returns.anything, length=3)))),
+                                      returns.sequence_of(returns.anything, length=3))),
+                                  window_free=returns.optional(returns.integer),
+                                  window_evictable=returns.optional(returns.integer),
+                                  window_protected=returns.optional(returns.integer)),
 }
 OPERATIONS = ("configure", "match", "lock", "unlock", "insert", "alloc", "free", "evict", "observe")

@@ -8,6 +8,12 @@ over its stamps, with either recency the chapter states (``page``: KV-TREE-008, 
 ``segment``: KV-TREE-009). It also keeps where the engine's segments begin, so that the
 segment recency can be modelled; with page recency that changes nothing.
 
+With ``window > 0`` it models a cache with a window component of that many tokens (a hybrid
+model's sliding-window layers, SGLang's SWA component): each page also holds its window KV
+or not (:attr:`TreePage.windowed`), a hit ends where its window's KV is held (KV-TREE-016,
+KV-TREE-017), :meth:`PrefixTree.drop_window` follows a window eviction, and an insertion
+re-fills the window KV of the pages it covers past the inserter's own prefix (KV-TREE-020).
+
 :class:`PageAllocator` hands out whole pages of slots from a free list. Together they are
 the ``reference`` engine of the ``prefix-tree`` suite, and the suite's model of any engine.
 """
@@ -47,6 +53,8 @@ class TreePage:
     stamp: int
     locks: int = 0
     starts_segment: bool = True
+    #: Whether the page holds its window KV (a cache with a window component; always with none).
+    windowed: bool = True
 
 
 def _parents_held(tree: PrefixTree) -> bool:
@@ -70,9 +78,15 @@ class PrefixTree:
     pages: dict[PageKey, TreePage] = attrs.Factory(dict)
     #: Ticks once per lookup or insertion.
     clock: int = 0
+    #: The window component's reach in tokens (0: none).
+    window: int = 0
+    #: The pages the last insertion re-filled with window KV (KV-TREE-020).
+    refilled: list[PageKey] = attrs.Factory(list)
 
     def __attrs_post_init__(self) -> None:
         check_tree_parameters(self.page_size)
+        if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
+            raise ConfigError("KV-TREE-016", "window", f"must be an int of at least 0, got {self.window!r}")
         if self.recency not in spec.RECENCY_MODES:
             raise ConfigError("KV-TREE-008", "recency", f"must be one of {spec.RECENCY_MODES}, got {self.recency!r}")
 
@@ -94,6 +108,28 @@ class PrefixTree:
 
     def cached_tokens(self) -> int:
         return len(self.pages) * self.page_size
+
+    def window_flags(self, namespace: int, tokens: Sequence[int]) -> tuple[bool, ...]:
+        """Whether each full page of the request is held with its window KV."""
+        return tuple(key in self.pages and self.pages[key].windowed for key in self.page_keys(namespace, tokens))
+
+    def windowed_tokens(self) -> int:
+        """The window KV tokens the cache holds."""
+        return sum(self.page_size for page in self.pages.values() if page.windowed)
+
+    def window_locked(self, path: Sequence[PageKey]) -> list[PageKey]:
+        """The pages of a locked path whose window KV the lock protects (KV-TREE-019)."""
+        if not self.window:
+            return []
+        return [path[j] for j in spec.window_locked_pages(len(path) * self.page_size, self.window, self.page_size)]
+
+    def hit_of(self, namespace: int, tokens: Sequence[int]) -> tuple[int, int]:
+        """``(hit, held)``: the hit a lookup answers and the longest held prefix it lies in."""
+        held = spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens), self.page_size)
+        if not self.window:
+            return held, held
+        flags = self.window_flags(namespace, tokens)[:held // self.page_size]
+        return spec.longest_windowed_hit(flags, held, self.window, self.page_size), held
 
     def sizes(self) -> tuple[int, int]:
         """``(evictable, protected)`` tokens (KV-TREE-011)."""
@@ -128,15 +164,29 @@ class PrefixTree:
                                                                        self.page_size),
                       "KV-TREE-001: the hit is a page-aligned prefix", enabled=ENABLED)
     @icontract.ensure(lambda result, self, namespace, tokens:
-                      result[0] == spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens),
-                                                            self.page_size),
+                      self.window or result[0] == spec.longest_held_prefix(self.held_flags(namespace, tokens),
+                                                                           len(tokens), self.page_size),
                       "KV-TREE-003: the hit is the longest held prefix", enabled=ENABLED)
+    @icontract.ensure(lambda result, self, namespace, tokens:
+                      not self.window or spec.window_hit_ok(self.window_flags(namespace, tokens), result[0],
+                                                            self.window, self.page_size),
+                      "KV-TREE-016: the hit's window KV is held", enabled=ENABLED)
     def match(self, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
-        """The hit of ``tokens`` in ``namespace`` and its slots; stamps what it covers."""
+        """The hit of ``tokens`` in ``namespace`` and its slots; stamps what it covers.
+
+        With a window, the held pages past the hit are not stamped; a segment the held prefix
+        ends inside is split there and its rest stamped (SGLang's split of the node the walk
+        parts from, which stamps the node's rest)."""
         keys = self.page_keys(namespace, tokens)
-        hit = spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens), self.page_size)
+        hit, held = self.hit_of(namespace, tokens)
         path = keys[:hit // self.page_size]
         self._stamp(path)
+        if held > hit and self.recency == spec.SEGMENT_RECENCY:
+            rest = self.segment_rest(keys[held // self.page_size - 1])
+            for key in rest:
+                self.pages[key].stamp = self.clock
+            if rest:
+                self.pages[rest[0]].starts_segment = True
         return hit, tuple(slot for key in path for slot in self.pages[key].slots)
 
     @icontract.require(lambda self, tokens, slots: len(slots) >= len(tokens) // self.page_size * self.page_size,
@@ -147,17 +197,44 @@ class PrefixTree:
                       "KV-TREE-012: insertion answers the longest held prefix", enabled=ENABLED)
     @icontract.ensure(lambda self, namespace, tokens: all(self.held_flags(namespace, tokens)),
                       "KV-TREE-012: every page of the key is held afterwards", enabled=ENABLED)
-    def insert(self, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
+    def insert(self, namespace: int, tokens: Sequence[int], slots: Sequence[int], own: int = 0) -> int:
         """Store the full pages of ``tokens`` with ``slots`` (one per token); the pages already
-        held keep theirs. Returns the tokens that were held."""
+        held keep theirs. Returns the tokens that were held.
+
+        With a window, the held pages past the inserter's ``own`` tokens (its hit, or what it
+        inserted before) that lack their window KV get it back (KV-TREE-020); they keep their
+        slots here (:meth:`adopt` follows an engine that gives them the inserter's). A new run of
+        pages longer than the window is stored as two segments, the last ``ceil(window / P)``
+        pages apart (SGLang caps a fresh leaf at one window so that a lock on it pins no more)."""
         keys = self.page_keys(namespace, tokens)
         held = spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens), self.page_size)
         self._stamp(keys[:held // self.page_size])
         size = self.page_size
+        self.refilled = [key for key in keys[own // size:held // size] if not self.pages[key].windowed]
+        for key in self.refilled:
+            self.pages[key].windowed = True
+        tail = len(keys) - spec.window_pages(self.window, size) if self.window else held // size
         for j in range(held // size, len(keys)):
             self.pages[keys[j]] = TreePage(tuple(slots[j * size:(j + 1) * size]), self.clock,
-                                           starts_segment=j == held // size)
+                                           starts_segment=j in (held // size, tail))
         return held
+
+    def adopt(self, key: PageKey, slots: Sequence[int]) -> None:
+        """A page an insertion re-filled holds the inserter's ``slots`` from now on (KV-TREE-020)."""
+        self.pages[key].slots = tuple(slots)
+
+    def drop_window(self, keys: Iterable[PageKey]) -> None:
+        """Forget these pages' window KV (a window eviction the model follows); a page whose window
+        state differs from its parent's starts a segment (the engine drops whole segments)."""
+        for key in keys:
+            self.pages[key].windowed = False
+        self.mark_window_boundaries()
+
+    def mark_window_boundaries(self) -> None:
+        for key, page in self.pages.items():
+            parent = self.parent(key)
+            if parent is not None and parent in self.pages and self.pages[parent].windowed != page.windowed:
+                page.starts_segment = True
 
     # -- locks -------------------------------------------------------------------------------------
     @icontract.require(lambda self, path: all(key in self.pages for key in path),
@@ -205,6 +282,27 @@ class PrefixTree:
                 removed.append(order[len(removed)])
         self.remove(removed)
         return removed
+
+    def evict_window(self, num_tokens: int, protected: set[PageKey]) -> tuple[list[PageKey], list[PageKey]]:
+        """The reference's window eviction: oldest stamp first, drop the window KV of pages outside
+        ``protected`` (the locked windows) until ``num_tokens`` window tokens are gone; an unlocked
+        leaf goes whole. ``(pages whose window KV went, pages removed)``."""
+        dropped: list[PageKey] = []
+        removed: list[PageKey] = []
+        while len(dropped) * self.page_size < num_tokens:
+            candidates = [key for key, page in self.pages.items() if page.windowed and key not in protected
+                          and (self.children(key) or page.locks == 0)]
+            if not candidates:
+                break
+            key = min(candidates, key=lambda k: (self.pages[k].stamp, len(k[1]), k))
+            dropped.append(key)
+            if self.children(key):
+                self.pages[key].windowed = False
+            else:
+                removed.append(key)
+                self.remove([key])
+        self.mark_window_boundaries()
+        return dropped, removed
 
     def remove(self, keys: Iterable[PageKey]) -> None:
         """Forget these pages (an engine's eviction the model follows), children first."""

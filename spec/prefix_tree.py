@@ -67,6 +67,28 @@ The cache's own account splits what it holds into *protected* tokens, those of l
 pages, and *evictable* tokens, the rest (SGLang's ``protected_size`` and
 ``evictable_size``).
 
+**A window component** (KV-TREE-016 .. KV-TREE-021). A hybrid model with sliding-window
+layers needs two kinds of KV per token: the full-attention layers' KV (what the rules above
+call a page's slots) and the window layers' KV, of which a request only ever reads its last
+``W`` tokens' (SGLang's ``UnifiedRadixCache`` with a SWA component keeps the second kind in a
+pool of its own). A cache with a window component may therefore drop a page's *window KV*
+while it keeps the page (SGLang calls such a page a tombstone): longer prefixes through it
+still need its full-attention KV. A hit of ``h`` tokens is only usable if the window KV of
+its last ``min(h, W)`` tokens is held -- every page overlapping them (KV-TREE-016; vLLM
+states the same need as ``window - 1`` tokens, KV-SWA-001, and the same acceptance test,
+:func:`kvoracle.spec.sliding_window.accepts`, which :func:`window_hit_ok` calls). The hit
+is the longest usable one within the held prefix (KV-TREE-017: KV-TREE-003 with the window's
+condition; where every page of the held prefix holds its window KV the two agree). Evicting
+window KV (SGLang's ``evict(swa_num_tokens=n)``) drops it from unlocked pages, keeps the
+full-attention KV of every page that still has a held child, and may remove leaves whole
+(KV-TREE-018); a lock protects the window KV of its hit's last ``W`` tokens (KV-TREE-019);
+an insertion leaves every page of its key past what the inserter already held with its
+window KV (KV-TREE-020). The window KV slots balance like the full-attention ones
+(KV-TREE-021). Which full-attention slots a page re-filled by an insertion keeps is the
+engine's: SGLang stores the inserter's slots in an unlocked page and frees its old ones
+(the one case where a held page's slots change, which KV-TREE-012 then reads through
+KV-TREE-020). The order in which window KV is evicted is not stated here.
+
 **Namespaces** (KV-TREE-004). A namespace (SGLang's ``extra_key``: a LoRA adapter, a
 cache salt) partitions the cache: a page is never shared between namespaces, even
 for equal tokens (vLLM's form: the extra keys of the block hash, KV-HASH-007).
@@ -83,6 +105,7 @@ import icontract
 
 from .contracts import ENABLED
 from .registry import INPUT_VALIDATION, defines, rule
+from .sliding_window import accepts
 
 CHAPTER = "prefix_tree"
 SUITE = ("prefix-tree",)
@@ -457,3 +480,169 @@ def first_invalid_tree_parameter(page_size: int, num_pages: int) -> str:
     if num_pages < 1:
         return "num_pages"
     return ""
+
+
+# -- a window component (a hybrid model's sliding-window layers) ----------------------------------
+SWA = "sglang/srt/mem_cache/unified_cache/components/swa.py (SGLang 0.5.23)"
+CORE = "sglang/srt/mem_cache/unified_cache/unified_tree_core.py"
+
+KV_TREE_016 = rule(
+    "KV-TREE-016",
+    "A hit ends where its window's KV is held",
+    """For a cache with a window component of W tokens: a hit of h > 0 tokens holds the window KV of
+    every page that overlaps its last min(h, W) tokens (ceil(W / P) pages, or all h / P when fewer), so
+    that the request's window layers can resume after it. vLLM's form: a sliding-window hit needs the
+    blocks of the last window - 1 tokens (KV-SWA-001, KV-SWA-002); the acceptance test is the same
+    (sliding_window.accepts), with SGLang's reach of W tokens (its swa_retain_window).""",
+    source=f"{SWA} SWAComponent.create_match_validator (a match may end at a node once the run of "
+           "window-holding nodes before it covers sliding_window_size tokens, or reaches the root)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_017 = rule(
+    "KV-TREE-017",
+    "The hit is the longest held prefix whose window is held",
+    """For a cache with a window component: the hit is the longest h, a multiple of P, within the
+    longest held prefix (KV-TREE-003), that is 0 or whose last min(h, W) tokens' pages hold their window
+    KV (KV-TREE-016). Where every page of the held prefix holds its window KV this is KV-TREE-003. vLLM's
+    form: KV-SWA-002 (the greatest accepted length).""",
+    source=f"{CORE} UnifiedTreeCore._match_prefix_helper (best_match_node: the deepest node every "
+           "component's validator accepts)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_018 = rule(
+    "KV-TREE-018",
+    "Evicting window KV spares locked windows and the KV of inner pages, and reports it",
+    """evict_window(n) drops the window KV of at least min(n, E) tokens when E tokens of window KV are
+    held outside locked windows (KV-TREE-019), never more than E, and reports the window tokens it
+    dropped. A page whose window KV it drops stays held with its full-attention KV while a held page
+    descends from it; a leaf may be removed whole (its slots freed), as by evict (KV-TREE-005, 006).""",
+    source=f"{SWA} SWAComponent.evict_component / _evict_device_next_node (internal nodes become "
+           f"tombstones; leaves are evicted whole); {CORE} _evict_component_and_detach_lru",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_019 = rule(
+    "KV-TREE-019",
+    "A lock protects its hit's window",
+    """While a lock on a hit of h tokens is held, every page overlapping the hit's last min(h, W) tokens
+    holds its window KV: evictions never drop it. (A lock protects every page's full-attention KV,
+    KV-TREE-005; the window KV of the pages before the window may go.) vLLM's form: a request's blocks
+    inside its window are referenced, KV-POOL-010.""",
+    source=f"{SWA} SWAComponent.acquire_component_lock / release_component_lock (the lock covers the "
+           "nodes of the trailing sliding_window_size tokens, tombstones included)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_020 = rule(
+    "KV-TREE-020",
+    "An insertion leaves its key's pages with their window KV",
+    """After inserting n tokens, every page of the key past the inserter's own held prefix holds its
+    window KV: a page held without it gets it from the insertion. The insertion answers the held prefix
+    as KV-TREE-012 says. A page re-filled this way keeps its full-attention slots or, when no lock runs
+    through it, may take the inserter's slots for both kinds (its old slots are freed; SGLang does so);
+    this is the only change of a held page's slots an insertion makes.""",
+    source=f"{SWA} SWAComponent.update_component_on_insert_overlap / _recover_from_incoming "
+           "(RecoverSWAWithLockedFull when the full value is locked); commit_insert_component_data",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_021 = rule(
+    "KV-TREE-021",
+    "Window KV slots balance",
+    """The window KV slots are a capacity of their own: at every moment the free window slots, the
+    window slots of the pages holding window KV, and the window slots requests hold outside the cache
+    (one per token they hold) add up to the window capacity; and the cache's own account of its window
+    tokens (evictable plus protected) is the window KV it holds.""",
+    source="sglang/srt/mem_cache/allocator/swa.py SWATokenToKVPoolAllocator (swa_available_size, "
+           f"free_swa); {SWA} (component_evictable_size_ / component_protected_size_)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda window: window > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, window, page_size: result * page_size >= window, enabled=ENABLED)
+@icontract.ensure(lambda result, window, page_size: (result - 1) * page_size < window, enabled=ENABLED)
+@defines(KV_TREE_016, KV_TREE_019)
+def window_pages(window: int, page_size: int) -> int:
+    """How many pages the last ``window`` tokens of a page-aligned hit overlap (at most)."""
+    return -(-window // page_size)
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda window: window > 0, enabled=ENABLED)
+@icontract.require(lambda hit, page_size: hit >= 0 and hit % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit, windowed, page_size, window:
+                  result == (hit == 0 or (hit // page_size <= len(windowed) and all(
+                      windowed[j] for j in range(max(0, hit // page_size - window_pages(window, page_size)),
+                                                 hit // page_size)))), enabled=ENABLED)
+@defines(KV_TREE_016)
+def window_hit_ok(windowed: tuple[bool, ...], hit: int, window: int, page_size: int) -> bool:
+    """Whether a hit of ``hit`` tokens may end there: ``windowed[j]`` says whether page ``j`` holds
+    its window KV. The test is vLLM's (:func:`kvoracle.spec.sliding_window.accepts`) with the
+    need counted in pages of the window's ``window`` tokens."""
+    return accepts(windowed, hit // page_size, window_pages(window, page_size), page_size, page_size)
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda window: window > 0, enabled=ENABLED)
+@icontract.require(lambda held, page_size: held >= 0 and held % page_size == 0, enabled=ENABLED)
+@icontract.require(lambda windowed, held, page_size: held // page_size <= len(windowed), enabled=ENABLED)
+@icontract.ensure(lambda result, held: 0 <= result <= held, enabled=ENABLED)
+@icontract.ensure(lambda result, page_size: result % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, windowed, window, page_size: window_hit_ok(windowed, result, window, page_size),
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, windowed, held, window, page_size:
+                  not all(windowed[:held // page_size]) or result == held, enabled=ENABLED)
+@defines(KV_TREE_017)
+def longest_windowed_hit(windowed: tuple[bool, ...], held: int, window: int, page_size: int) -> int:
+    """The hit within a held prefix of ``held`` tokens: the longest page-aligned length whose
+    window KV is held (KV-TREE-016), or 0."""
+    for pages in range(held // page_size, 0, -1):
+        if window_hit_ok(windowed, pages * page_size, window, page_size):
+            return pages * page_size
+    return 0
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda window: window > 0, enabled=ENABLED)
+@icontract.require(lambda hit, page_size: hit >= 0 and hit % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit, page_size: all(0 <= j < hit // page_size for j in result), enabled=ENABLED)
+@icontract.ensure(lambda result, hit, window, page_size: len(result) == min(hit // page_size,
+                                                                              window_pages(window, page_size)),
+                  enabled=ENABLED)
+@defines(KV_TREE_019)
+def window_locked_pages(hit: int, window: int, page_size: int) -> tuple[int, ...]:
+    """The pages of a locked hit of ``hit`` tokens whose window KV the lock protects."""
+    pages = hit // page_size
+    return tuple(range(max(0, pages - window_pages(window, page_size)), pages))
+
+
+@icontract.require(lambda asked, evictable, dropped: asked >= 0 and evictable >= 0 and dropped >= 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, asked, evictable, dropped, reported, locked_dropped, inner_removed:
+                  not result or (min(asked, evictable) <= dropped <= evictable and reported == dropped
+                                 and locked_dropped == 0 and inner_removed == 0), enabled=ENABLED)
+@defines(KV_TREE_018)
+def window_eviction_ok(asked: int, evictable: int, dropped: int, reported: int, locked_dropped: int,
+                       inner_removed: int) -> bool:
+    """Whether an ``evict_window(asked)`` kept its promise: it dropped ``dropped`` window tokens of
+    the ``evictable`` ones, reported ``reported``, dropped ``locked_dropped`` of locked windows, and
+    removed ``inner_removed`` pages that kept a held child."""
+    return (min(asked, evictable) <= dropped <= evictable and reported == dropped and locked_dropped == 0
+            and inner_removed == 0)
+
+
+@icontract.require(lambda free, windowed, requests, capacity, account:
+                   min(free, windowed, requests, capacity, account) >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, free, windowed, requests, capacity, account:
+                  result == (capacity_balances(free, windowed, requests, capacity) and account == windowed),
+                  enabled=ENABLED)
+@defines(KV_TREE_021)
+def window_slots_balance(free: int, windowed: int, requests: int, capacity: int, account: int) -> bool:
+    """Whether ``free`` window slots, the ``windowed`` ones of the pages holding window KV and the
+    ``requests``' add up to ``capacity``, and the cache's own ``account`` is ``windowed``."""
+    return capacity_balances(free, windowed, requests, capacity) and account == windowed

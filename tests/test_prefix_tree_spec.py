@@ -123,3 +123,65 @@ def test_first_invalid_tree_parameter() -> None:
     for page_size, num_pages in itertools.product((-1, 0, 1, 4), (-1, 0, 1, 8)):
         want = "page_size" if page_size < 1 else "num_pages" if num_pages < 1 else ""
         assert spec.first_invalid_tree_parameter(page_size, num_pages) == want
+
+
+# -- a window component (KV-TREE-016 .. 021) -------------------------------------------------------
+WINDOW = st.integers(1, 9)
+
+
+@given(WINDOW, PAGE)
+def test_window_pages_is_the_pages_a_window_overlaps(window, page) -> None:
+    pages = spec.window_pages(window, page)
+    # A page-aligned end: the window's first token lies in the pages-th page back, never earlier.
+    assert (pages - 1) * page < window <= pages * page
+
+
+@given(st.lists(st.booleans(), max_size=8).map(tuple), WINDOW, PAGE, st.data())
+def test_window_hit_ok_reads_the_last_window_tokens_pages(windowed, window, page, data) -> None:
+    pages = data.draw(st.integers(0, len(windowed)))
+    ok = spec.window_hit_ok(windowed, pages * page, window, page)
+    # Token by token: every token among the last min(h, window) lies in a page holding window KV.
+    hit = pages * page
+    tokens_ok = all(windowed[t // page] for t in range(max(0, hit - window), hit))
+    assert ok == tokens_ok
+
+
+@given(st.lists(st.booleans(), max_size=8).map(tuple), WINDOW, PAGE, st.data())
+def test_longest_windowed_hit_is_the_greatest_usable_length(windowed, window, page, data) -> None:
+    held = data.draw(st.integers(0, len(windowed))) * page
+    hit = spec.longest_windowed_hit(windowed, held, window, page)
+    usable = [h for h in range(0, held + 1, page) if spec.window_hit_ok(windowed, h, window, page)]
+    assert hit == max(usable)
+    if all(windowed[:held // page]):
+        assert hit == held  # no window KV missing: KV-TREE-003's hit
+
+
+def test_longest_windowed_hit_examples() -> None:
+    # Window 2, page 2: page 1 lacks its window KV, so a hit may end after page 0 or after page 3.
+    assert spec.longest_windowed_hit((True, False, True, True), 8, 2, 2) == 8
+    assert spec.longest_windowed_hit((True, False, True, False), 6, 2, 2) == 6
+    assert spec.longest_windowed_hit((True, False, False), 6, 3, 2) == 2
+    assert spec.longest_windowed_hit((False, False), 4, 1, 2) == 0
+
+
+@given(st.integers(0, 10), WINDOW, PAGE)
+def test_window_locked_pages_are_the_hits_last_pages(pages, window, page) -> None:
+    locked = spec.window_locked_pages(pages * page, window, page)
+    assert locked == tuple(range(pages - len(locked), pages))
+    assert len(locked) == min(pages, spec.window_pages(window, page))
+
+
+@given(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20))
+def test_window_eviction_ok(asked, evictable, dropped) -> None:
+    ok = spec.window_eviction_ok(asked, evictable, dropped, dropped, 0, 0)
+    assert ok == (min(asked, evictable) <= dropped <= evictable)
+    assert not spec.window_eviction_ok(asked, evictable, dropped, dropped + 1, 0, 0)  # misreported
+    assert not spec.window_eviction_ok(asked, evictable, dropped, dropped, 1, 0)  # a locked window dropped
+    assert not spec.window_eviction_ok(asked, evictable, dropped, dropped, 0, 1)  # an inner page removed
+
+
+@given(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 9))
+def test_window_slots_balance(free, windowed, requests, account) -> None:
+    capacity = free + windowed + requests
+    assert spec.window_slots_balance(free, windowed, requests, capacity, account) == (account == windowed)
+    assert not spec.window_slots_balance(free, windowed, requests, capacity + 1, windowed)

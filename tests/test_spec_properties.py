@@ -171,6 +171,8 @@ TESTED = {
     "prefix_tree.evicts_no_locked_page", "prefix_tree.lru_leaf_order", "prefix_tree.removes_an_lru_prefix",
     "prefix_tree.pages_stamped", "prefix_tree.capacity_balances", "prefix_tree.same_content",
     "prefix_tree.cache_sizes", "prefix_tree.locked_counts", "prefix_tree.first_invalid_tree_parameter",
+    "prefix_tree.window_pages", "prefix_tree.window_hit_ok", "prefix_tree.longest_windowed_hit",
+    "prefix_tree.window_locked_pages", "prefix_tree.window_eviction_ok", "prefix_tree.window_slots_balance",
 }
 
 
