@@ -27,7 +27,7 @@ from kvoracle import __version__
 from kvoracle.reference.prefix_tree import PageAllocator, PageKey, PrefixTree
 
 from .harness.suites import SuiteDef, register_suite
-from .prefix_tree_driver import PrefixTreeMachine, TreeDriver
+from .prefix_tree_driver import PrefixTreeMachine, TreeDriver, machine_options
 from .prefix_tree_protocol import (
     OPERATIONS,
     RETURNS,
@@ -176,8 +176,7 @@ PREFIX_TREE = register_suite(SuiteDef(
              "paged-sglang-unified": f"{_STORE}:PagedSGLangUnified",
              "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust",
              "sglang-unified-swa": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWA"},
-    machine_options=lambda probe: {"windows": bool(getattr(probe, "window_component", False)),
-                                   "windowless_too": bool(getattr(probe, "window_optional", False))},
+    machine_options=machine_options,
     exclusions=lambda probe: {} if getattr(probe, "window_component", False) else dict.fromkeys(
         WINDOW_RULES, "the engine has no window component (window_component), the only caches these rules "
                       "are about")))

@@ -533,11 +533,8 @@ class PrefixTreeMachine(SuiteMachine):
         self.next_handle += 1
         return self.next_handle
 
-    @initialize(setup=tree_setups(), data=st.data())
-    def configure(self, setup: TreeSetup, data: st.DataObject) -> None:
-        if self.windows:
-            sizes = st.just(0) | window_sizes(setup.page_size) if self.windowless_too else window_sizes(setup.page_size)
-            setup = attrs.evolve(setup, window=data.draw(sizes, label="window"))
+    @initialize(setup=tree_setups())
+    def configure(self, setup: TreeSetup) -> None:
         self.driver.apply(setup)
 
     def _prompt(self, data: st.DataObject) -> tuple[int, int, int | None]:
@@ -614,6 +611,23 @@ class PrefixTreeMachine(SuiteMachine):
     @rule()
     def idle(self) -> None:
         pass  # lets Hypothesis finish an example whose engine is dead
+
+
+@initialize(setup=tree_setups(), data=st.data())
+def configure_with_window(self: PrefixTreeMachine, setup: TreeSetup, data: st.DataObject) -> None:
+    """The machine's ``configure`` for an engine with a window component (:func:`machine_options`
+    puts it in place of the plain one, whose draws it leaves alone for every other engine)."""
+    sizes = st.just(0) | window_sizes(setup.page_size) if self.windowless_too else window_sizes(setup.page_size)
+    self.driver.apply(attrs.evolve(setup, window=data.draw(sizes, label="window")))
+
+
+def machine_options(probe: object) -> dict[str, object]:
+    """The prefix-tree machine's options for an adapter: a window component (``window_component``)
+    draws a window in each setup, and evictions of window KV."""
+    if not getattr(probe, "window_component", False):
+        return {}
+    return {"windows": True, "windowless_too": bool(getattr(probe, "window_optional", False)),
+            "configure": configure_with_window}
 
 
 def _content_difference(expected: dict, pages: dict, listed: int) -> str:
