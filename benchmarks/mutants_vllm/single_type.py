@@ -68,7 +68,16 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant("full.partial-tail.eagle-limit", f"{FULL}._cache_partial_tail_block",
            "else request.num_prompt_tokens - 1", "else request.num_prompt_tokens", "off-by-one", "manager",
            note="without EAGLE the partial tail entry is keyed at the whole prompt, a boundary a "
-                "resend never looks up"),
+                "resend never looks up",
+           equivalent="without EAGLE nothing reads a partial tail entry in any configuration kvoracle "
+                      "specifies: the hybrid coordinator caches only whole scheduler blocks, so the two "
+                      "boundaries differ only for a prompt of whole scheduler blocks, where the right "
+                      "boundary lies in the last block, already cached under its full key; an entry "
+                      "inside a block is looked up only by fine-grained partial hash hits "
+                      "(enable_partial_hash_hits), which need an align-mode Mamba group coarser than "
+                      "the hash block, a configuration KV-MAMBA-003 leaves unspecified (read in vLLM "
+                      "0.33.0, and traced: the entry is registered for an 8-token prompt with blocks "
+                      "of 2 and 4 tokens, and for no other length)"),
     # -- SlidingWindowManager -------------------------------------------------------------------------
     Mutant("swa.skipped-tokens.window-plus-one", f"{SWA}.get_num_skipped_tokens",
            "- self.sliding_window + 1", "- self.sliding_window", "off-by-one", "manager",
