@@ -7,6 +7,8 @@ find the fault. ``BROKEN`` maps each to the rule it must be convicted of.
 
 from __future__ import annotations
 
+import attrs
+
 from kvoracle.conformance.prefix_tree import ReferencePrefixTree, TreeView
 from kvoracle.reference.prefix_tree import PageKey, PrefixTree
 from kvoracle.spec import prefix_tree as spec
@@ -199,4 +201,104 @@ BROKEN = {
     InsertReplaces: "KV-TREE-012",
     LookupForgets: "KV-TREE-013",
     LockLastPageOnly: "KV-TREE-014",
+}
+
+
+# -- the window component (KV-TREE-016 .. 021) ---------------------------------------------------------
+class WindowBlindMatch(ReferencePrefixTree):
+    """A lookup answers the longest held prefix whatever window KV its pages hold (a match that
+    never asks the window component)."""
+
+    name = "window-blind-match"
+
+    def match(self, handle, namespace, tokens):
+        tree = self.tree
+        window, tree.window = tree.window, 0
+        try:
+            return super().match(handle, namespace, tokens)
+        finally:
+            tree.window = window
+
+
+class WindowMatchGivesUp(ReferencePrefixTree):
+    """When the held prefix ends on pages without their window KV, the lookup answers no hit
+    instead of the longest shorter prefix whose window is held."""
+
+    name = "window-match-gives-up"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        if hit < self.tree.hit_of(namespace, tokens)[1]:
+            self.found[handle], self.own[handle] = [], 0
+            return 0, ()
+        return hit, slots
+
+
+class WindowEvictsOnePage(ReferencePrefixTree):
+    """evict_window drops the window KV of one page at most, whatever it was asked for."""
+
+    name = "window-evicts-one-page"
+
+    def evict_window(self, num_tokens):
+        return super().evict_window(min(num_tokens, self.tree.page_size))
+
+
+class WindowEvictionIgnoresLocks(ReferencePrefixTree):
+    """evict_window drops window KV inside locked windows too (it never asks which are locked)."""
+
+    name = "window-eviction-ignores-locks"
+
+    def evict_window(self, num_tokens):
+        # The cache's account (observe) still counts the locked windows as protected.
+        pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
+        dropped, removed = self.tree.evict_window(num_tokens, set())
+        for key in removed:
+            self.allocator.free(pages[key])
+        return len(dropped) * self.tree.page_size
+
+
+class InsertKeepsTombstones(ReferencePrefixTree):
+    """An insertion over pages without their window KV leaves them without it."""
+
+    name = "insert-keeps-tombstones"
+
+    def insert(self, handle, namespace, tokens, slots):
+        held = super().insert(handle, namespace, tokens, slots)
+        for key in self.tree.refilled:
+            self.tree.pages[key].windowed = False
+        self.tree.mark_window_boundaries()
+        return held
+
+
+class WindowSlotsLeak(ReferencePrefixTree):
+    """Dropping a page's window KV never gives its window slots back."""
+
+    name = "window-slots-leak"
+
+    def configure(self, setup):
+        super().configure(setup)
+        self.leaked = 0
+
+    def evict_window(self, num_tokens):
+        before = {key for key, page in self.tree.pages.items() if page.windowed}
+        dropped = super().evict_window(num_tokens)
+        kept = {key for key, page in self.tree.pages.items() if not page.windowed}
+        self.leaked += len(before & kept) * self.tree.page_size
+        return dropped
+
+    def observe(self):
+        view = super().observe()
+        if view.window_free is None:
+            return view
+        return attrs.evolve(view, window_free=view.window_free - self.leaked)
+
+
+#: Each broken tree with a window component and the window rule it must be convicted of.
+BROKEN_WINDOW = {
+    WindowBlindMatch: "KV-TREE-016",
+    WindowMatchGivesUp: "KV-TREE-017",
+    WindowEvictsOnePage: "KV-TREE-018",
+    WindowEvictionIgnoresLocks: "KV-TREE-019",
+    InsertKeepsTombstones: "KV-TREE-020",
+    WindowSlotsLeak: "KV-TREE-021",
 }
