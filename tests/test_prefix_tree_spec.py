@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import itertools
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from kvoracle.spec import prefix_tree as spec
 
 PAGE = st.integers(1, 4)
+#: No deadline: the functions' contracts run armed, and a busy machine must not fail a property.
+UNTIMED = settings(deadline=None)
 
 
+@UNTIMED
 @given(st.integers(-2, 12), st.integers(0, 12), st.integers(0, 12), PAGE)
 def test_an_aligned_hit_is_a_whole_page_prefix_with_a_slot_per_token(hit, slots, tokens, page) -> None:
     assert spec.is_aligned_hit(hit, slots, tokens, page) == (0 <= hit <= tokens and hit % page == 0 and slots == hit)
 
 
+@UNTIMED
 @given(st.lists(st.booleans(), max_size=8).map(tuple), st.integers(0, 40), PAGE)
 def test_the_longest_held_prefix_is_the_first_run_of_held_pages(held, tokens, page) -> None:
     pages = min(len(held), tokens // page)
@@ -44,6 +48,7 @@ def _forests(draw: st.DrawFn) -> tuple[tuple[int, ...], tuple[bool, ...], tuple[
     return parents, held, stamps, locks
 
 
+@UNTIMED
 @given(_forests())
 def test_prefix_closed_means_no_held_page_under_a_missing_one(forest) -> None:
     parents, held, _, _ = forest
@@ -51,6 +56,7 @@ def test_prefix_closed_means_no_held_page_under_a_missing_one(forest) -> None:
     assert spec.is_prefix_closed(parents, held) == (not orphan)
 
 
+@UNTIMED
 @given(_forests())
 def test_the_lru_order_removes_exactly_the_pages_without_locks_below(forest) -> None:
     parents, _, stamps, locks = forest
@@ -71,28 +77,33 @@ def test_lru_order_worked_example() -> None:
     assert spec.lru_leaf_order((-1, 0, 1, 0), (9, 2, 1, 5), (0, 0, 1, 0)) == (3,)
 
 
+@UNTIMED
 @given(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20), st.integers(0, 20))
 def test_eviction_promise(asked, evictable, removed, reported) -> None:
     assert spec.evicted_enough(asked, evictable, removed, reported) == (
         min(asked, evictable) <= removed <= evictable and reported == removed)
 
 
+@UNTIMED
 @given(st.lists(st.integers(0, 3), max_size=6).map(tuple))
 def test_no_locked_page_is_evicted(locks) -> None:
     assert spec.evicts_no_locked_page(locks) == (sum(locks) == 0)
 
 
+@UNTIMED
 @given(st.integers(0, 6), st.integers(0, 6), st.sampled_from(spec.RECENCY_MODES))
 def test_pages_stamped(hit, after, recency) -> None:
     stamped = spec.pages_stamped(hit, after, recency)
     assert stamped == (hit + after if recency == spec.SEGMENT_RECENCY and hit else hit)
 
 
+@UNTIMED
 @given(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 30))
 def test_capacity_balances(free, cached, requests, capacity) -> None:
     assert spec.capacity_balances(free, cached, requests, capacity) == (free + cached + requests == capacity)
 
 
+@UNTIMED
 @given(st.dictionaries(st.tuples(st.integers(0, 2), st.integers(0, 3)), st.tuples(st.integers(0, 9)), max_size=5),
        st.randoms(use_true_random=False))
 def test_same_content_ignores_order_and_catches_any_change(pages, random) -> None:
@@ -107,12 +118,14 @@ def test_same_content_ignores_order_and_catches_any_change(pages, random) -> Non
         assert not spec.same_content(listing, ((key, (slots[0] + 1,)), *listing[1:]))  # moved slots
 
 
+@UNTIMED
 @given(st.lists(st.integers(0, 3), max_size=6).map(tuple), PAGE)
 def test_cache_sizes_split_by_lock(locks, page) -> None:
     evictable, protected = spec.cache_sizes(locks, page)
     assert protected == page * sum(1 for c in locks if c) and evictable == page * sum(1 for c in locks if not c)
 
 
+@UNTIMED
 @given(st.lists(st.integers(0, 3), max_size=6).map(tuple), st.integers(0, 30), PAGE)
 def test_a_lock_counts_once_on_each_page_of_its_path(counts, hit, page) -> None:
     after = spec.locked_counts(counts, hit, page)
@@ -129,6 +142,7 @@ def test_first_invalid_tree_parameter() -> None:
 WINDOW = st.integers(1, 9)
 
 
+@UNTIMED
 @given(WINDOW, PAGE)
 def test_window_pages_is_the_pages_a_window_overlaps(window, page) -> None:
     pages = spec.window_pages(window, page)
@@ -136,6 +150,7 @@ def test_window_pages_is_the_pages_a_window_overlaps(window, page) -> None:
     assert (pages - 1) * page < window <= pages * page
 
 
+@UNTIMED
 @given(st.lists(st.booleans(), max_size=8).map(tuple), WINDOW, PAGE, st.data())
 def test_window_hit_ok_reads_the_last_window_tokens_pages(windowed, window, page, data) -> None:
     pages = data.draw(st.integers(0, len(windowed)))
@@ -146,6 +161,7 @@ def test_window_hit_ok_reads_the_last_window_tokens_pages(windowed, window, page
     assert ok == tokens_ok
 
 
+@UNTIMED
 @given(st.lists(st.booleans(), max_size=8).map(tuple), WINDOW, PAGE, st.data())
 def test_longest_windowed_hit_is_the_greatest_usable_length(windowed, window, page, data) -> None:
     held = data.draw(st.integers(0, len(windowed))) * page
@@ -164,6 +180,7 @@ def test_longest_windowed_hit_examples() -> None:
     assert spec.longest_windowed_hit((False, False), 4, 1, 2) == 0
 
 
+@UNTIMED
 @given(st.integers(0, 10), WINDOW, PAGE)
 def test_window_locked_pages_are_the_hits_last_pages(pages, window, page) -> None:
     locked = spec.window_locked_pages(pages * page, window, page)
@@ -171,6 +188,7 @@ def test_window_locked_pages_are_the_hits_last_pages(pages, window, page) -> Non
     assert len(locked) == min(pages, spec.window_pages(window, page))
 
 
+@UNTIMED
 @given(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20))
 def test_window_eviction_ok(asked, evictable, dropped) -> None:
     ok = spec.window_eviction_ok(asked, evictable, dropped, dropped, 0, 0)
@@ -180,6 +198,7 @@ def test_window_eviction_ok(asked, evictable, dropped) -> None:
     assert not spec.window_eviction_ok(asked, evictable, dropped, dropped, 0, 1)  # an inner page removed
 
 
+@UNTIMED
 @given(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 9))
 def test_window_slots_balance(free, windowed, requests, account) -> None:
     capacity = free + windowed + requests
