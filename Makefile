@@ -116,7 +116,8 @@ VENV_SGLANG ?= .venv-sglang
 ## JSON report. Not part of `make test` yet.
 test-sglang:
 	VENV_SGLANG=$(VENV_SGLANG) bash scripts/install_sglang.sh
-	$(VENV_SGLANG)/bin/pytest tests/test_sglang_adapter.py tests/test_sglang_unified.py tests/test_sglang_paged_store.py
+	$(VENV_SGLANG)/bin/pytest tests/test_sglang_adapter.py tests/test_sglang_unified.py tests/test_sglang_paged_store.py \
+		tests/test_sglang_swa.py
 	$(VENV_SGLANG)/bin/kvoracle check --engine sglang --suite prefix-tree --max-examples 300 \
 		--no-progress --json build/kvoracle-sglang-report.json
 

@@ -8,10 +8,12 @@ made when an adapter is configured. ``BROKEN`` maps each to the rule it must be 
 
 from __future__ import annotations
 
+import collections
 import functools
 from typing import Any
 
 from kvoracle.conformance.engines.sglang import SGLangRadixCache
+from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA
 from kvoracle.conformance.engines.sglang_unified import SGLangUnifiedRadixCache, SGLangUnifiedRustCore
 from kvoracle.conformance.harness.capabilities import Capabilities
 
@@ -331,4 +333,144 @@ BROKEN_IN_STORE = {
     EvictFreesParent: "KV-DATA-004",
     UnifiedPathPagesReversed: "KV-DATA-001",
     RustPathPagesReversed: "KV-DATA-001",
+}
+
+
+# -- SGLang's UnifiedRadixCache with its SWA component (a window of KV-TREE-016 .. 021), one fault each ----
+def _validator_ignoring_tombstones(component: Any, match_device_only: bool = False) -> Any:
+    """A match validator that counts every node on the path as window-holding: the run of nodes
+    before a match's end is never broken by a node without its SWA value."""
+    window, covered = component.sliding_window_size, [float("inf")]
+
+    def accepts(node: Any) -> bool:
+        covered[0] += len(node.key)
+        return covered[0] >= window
+
+    return accepts
+
+
+def _overlap_without_recovery(component: Any, node: Any, prefix_len: int, *args: Any, **kwargs: Any) -> int:
+    """The insert's overlap hook for SWA: every overlapped token counts as held as it is, tombstones
+    included (nothing is re-filled)."""
+    return prefix_len
+
+
+def _evict_component_keeping_window_slots(component: Any, node: Any, device_frees: Any, *args: Any,
+                                          **kwargs: Any) -> Any:
+    """The real SWA eviction of one node, but the window slots it frees are never handed to the
+    allocator."""
+    kept: dict = collections.defaultdict(list)
+    result = _base(component).evict_component(node, kept, *args, **kwargs)
+    for component_type, values in kept.items():
+        if component_type != component.component_type:
+            device_frees.setdefault(component_type, []).extend(values)
+    return result
+
+
+def _match_giving_up(cache: Any, params: Any) -> Any:
+    """The real match, but when the deepest full-KV match is no valid end (its window KV is missing)
+    the answer is no hit, not the deepest node that is one."""
+    result = _base(cache).match_prefix(params)
+    page = cache.tree_core.page_size
+    if result.device_prefix_len < result.full_kv_hit_length // page * page:
+        root = cache.tree_core.root_node.id
+        return result._replace(device_prefix_len=0, last_device_node=root, last_host_node=root,
+                               best_match_node=root)
+    return result
+
+
+def _evict_reporting_the_window_request(cache: Any, params: Any) -> Any:
+    result = _base(cache).evict(params)
+    if params.swa_num_tokens:
+        result.swa_num_tokens_evicted = params.swa_num_tokens
+    return result
+
+
+def _previous_ignoring_locks(lru: Any, node: Any, check_id: bool = True) -> Any:
+    """The SWA LRU list's walk towards older nodes, without skipping locked ones."""
+    previous = node.lru_prev[lru._pt]
+    return None if previous is lru.head else previous
+
+
+class _PatchedSWA(SGLangUnifiedSWA):
+    """SGLang's UnifiedRadixCache FULL+SWA with :attr:`methods` of the cache, :attr:`swa_methods` of
+    its SWA component (given to the cache through ``component_registry_override``) and
+    :attr:`lru_methods` of the SWA component's LRU list replaced."""
+
+    methods: tuple[tuple[str, Any], ...] = ()
+    swa_methods: tuple[tuple[str, Any], ...] = ()
+    lru_methods: tuple[tuple[str, Any], ...] = ()
+
+    def cache_params(self, allocator: Any, page_size: int) -> Any:
+        params = super().cache_params(allocator, page_size)
+        if self.swa_methods:
+            from sglang.srt.mem_cache.unified_cache.components.swa import SWAComponent
+
+            patched = _subclass(SWAComponent, f"PatchedSWA{type(self).__name__}", self.swa_methods)
+            params.component_registry_override = {self.swa: patched}
+        return params
+
+    def make_cache(self, allocator: Any, page_size: int) -> Any:
+        cls = _subclass(self.unified_class, f"Patched{type(self).__name__}", self.methods)
+        cache = cls(self.cache_params(allocator, page_size))
+        if self.lru_methods:
+            lru = cache.tree_core.lru_lists[self.swa]
+            lru.__class__ = _subclass(type(lru), f"PatchedLRU{type(self).__name__}", self.lru_methods)
+        return cache
+
+
+class SWAWindowBlindMatch(_PatchedSWA):
+    """The SWA component's match validator never resets at a node without its window KV, so a
+    match may end where the window's KV is missing."""
+
+    name = "sglang-swa-window-blind-match"
+    swa_methods = (("create_match_validator", _validator_ignoring_tombstones),)
+
+
+class SWAMatchGivesUp(_PatchedSWA):
+    """``match_prefix`` answers no hit when the deepest full-KV match lacks its window KV, instead
+    of the deepest node whose window is held."""
+
+    name = "sglang-swa-match-gives-up"
+    methods = (("match_prefix", _match_giving_up),)
+
+
+class SWAEvictMisreports(_PatchedSWA):
+    """``evict`` reports the window tokens it was asked for, not those it dropped."""
+
+    name = "sglang-swa-evict-misreports"
+    methods = (("evict", _evict_reporting_the_window_request),)
+
+
+class SWAEvictionIgnoresLocks(_PatchedSWA):
+    """The SWA LRU list's walk does not skip locked nodes: window eviction tombstones the nodes of
+    a held lock's window."""
+
+    name = "sglang-swa-eviction-ignores-locks"
+    lru_methods = (("get_prev_no_lock", _previous_ignoring_locks),)
+
+
+class SWAInsertKeepsTombstones(_PatchedSWA):
+    """The SWA component's insert-overlap hook re-fills nothing: an insertion over a tombstone
+    leaves it without its window KV."""
+
+    name = "sglang-swa-insert-keeps-tombstones"
+    swa_methods = (("update_component_on_insert_overlap", _overlap_without_recovery),)
+
+
+class SWAEvictLeaksWindowSlots(_PatchedSWA):
+    """The SWA component's eviction drops a node's window value without freeing its window slots."""
+
+    name = "sglang-swa-evict-leaks-window-slots"
+    swa_methods = (("evict_component", _evict_component_keeping_window_slots),)
+
+
+#: Each broken FULL+SWA cache and the window rule it must be convicted of.
+BROKEN_SWA = {
+    SWAWindowBlindMatch: "KV-TREE-016",
+    SWAMatchGivesUp: "KV-TREE-017",
+    SWAEvictMisreports: "KV-TREE-018",
+    SWAEvictionIgnoresLocks: "KV-TREE-019",
+    SWAInsertKeepsTombstones: "KV-TREE-020",
+    SWAEvictLeaksWindowSlots: "KV-TREE-021",
 }

@@ -1,0 +1,102 @@
+"""SGLang 0.5.23's UnifiedRadixCache with its FULL and SWA components in the prefix-tree suite,
+window component included (run by ``make test-sglang`` in .venv-sglang; skipped where SGLang is not
+installed).
+
+The real cache passes every rule it is judged on, the window rules KV-TREE-016 .. 021 with checks;
+broken caches made by patching one method of SGLang's real cache, of its SWA component or of the
+component's LRU list are each convicted of the window rule they break, by a bounded run whose
+counterexample fails again on replay and on a written case that the real cache passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoracle.conformance.engines.sglang_import import SGLangUnavailable, import_sglang
+
+try:
+    API = import_sglang()
+except SGLangUnavailable as missing:
+    pytest.skip(f"SGLang is not installed here ({missing}); make test-sglang installs it", allow_module_level=True)
+
+from broken_sglang_engines import (
+    BROKEN_SWA,
+    SWAEvictionIgnoresLocks,
+    SWAEvictLeaksWindowSlots,
+    SWAEvictMisreports,
+    SWAInsertKeepsTombstones,
+    SWAMatchGivesUp,
+    SWAWindowBlindMatch,
+)
+from tree_meta import assert_convicted, outcomes, run
+
+from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.verdicts import RuleViolation
+from kvoracle.conformance.prefix_tree import WINDOW_RULES, Arrive, EvictWindow, Peek, Serve, TreeSetup
+
+PROMPT = (1, 2, 3, 4)
+
+
+def _setup(window: int) -> TreeSetup:
+    """Pages of one token, room for eight, one prompt of four tokens, a window of ``window``."""
+    return TreeSetup(1, 8, (PROMPT,), window)
+
+
+#: A written case per broken cache: the real cache replays it clean, the broken one fails it on its
+#: rule. (SGLang stores the prompt as a node [1, 2, 3] and, split off as its last window, [4].)
+CASES = {
+    # Window eviction tombstones [1, 2, 3]; a lookup of [1, 2] ends on pages without window KV.
+    SWAWindowBlindMatch: [_setup(1), Serve(1, 0), EvictWindow(2), Peek(2, 0, 0, 2)],
+    # The lookup of [1] splits the node and refreshes [1]; window eviction tombstones [2, 3]; a
+    # lookup of [1, 2] may end after [1] only.
+    SWAMatchGivesUp: [_setup(1), Serve(1, 0), Peek(2, 0, 0, 1), EvictWindow(1), Peek(3, 0, 0, 2)],
+    # Asked for two window tokens, SGLang tombstones the whole node of three.
+    SWAEvictMisreports: [_setup(1), Serve(1, 0), EvictWindow(2)],
+    # A lock on [1, 2, 3] with a window of two tokens protects the window KV of [1, 2] and [1, 2, 3].
+    SWAEvictionIgnoresLocks: [_setup(2), Serve(1, 0), Arrive(2, 0, 0, 3), EvictWindow(4)],
+    # A request of [1, 2] hits nothing after the tombstoning and inserts both tokens over it.
+    SWAInsertKeepsTombstones: [_setup(1), Serve(1, 0), EvictWindow(2), Serve(2, 0, 0, 2)],
+    # One node's window KV goes; its window slots must be free afterwards.
+    SWAEvictLeaksWindowSlots: [_setup(1), Serve(1, 0), EvictWindow(1)],
+}
+
+
+def test_the_real_swa_cache_passes_every_rule_it_is_judged_on():
+    result = run(SGLangUnifiedSWA, max_examples=200, max_rounds=1)
+    found = outcomes(result)
+    assert result.ok, found
+    assert found.pop("KV-TREE-008") == "not-applicable"
+    assert set(found.values()) == {"pass"}, found
+    unchecked = [rule_id for rule_id in WINDOW_RULES if not result.verdicts.outcomes[rule_id].checks]
+    assert not unchecked, unchecked
+
+
+def test_every_broken_swa_cache_has_a_written_case():
+    assert set(CASES) == set(BROKEN_SWA)
+
+
+@pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
+def test_the_written_case_replays_clean_on_the_real_cache(broken):
+    replay("prefix-tree", SGLangUnifiedSWA, CASES[broken])
+
+
+@pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
+def test_broken_swa_cache_fails_its_written_case_on_its_rule(broken):
+    with pytest.raises(RuleViolation) as caught:
+        replay("prefix-tree", broken, CASES[broken])
+    assert caught.value.rule_id == BROKEN_SWA[broken]
+
+
+@pytest.mark.parametrize(("broken", "rule_id"), list(BROKEN_SWA.items()), ids=[b.name for b in BROKEN_SWA])
+def test_broken_swa_cache_is_convicted_of_its_rule(broken, rule_id):
+    assert_convicted(broken, rule_id)
+
+
+def test_the_cache_has_both_components_and_the_window_asked_for():
+    cache = SGLangUnifiedSWA()
+    cache.configure(_setup(3))
+    assert cache.cache.tree_components == (cache.full, cache.swa)
+    assert cache.cache.components[cache.swa].sliding_window_size == 3
+    with pytest.raises(ValueError, match="window"):
+        cache.configure(_setup(0))
