@@ -621,13 +621,49 @@ def configure_with_window(self: PrefixTreeMachine, setup: TreeSetup, data: st.Da
     self.driver.apply(attrs.evolve(setup, window=data.draw(sizes, label="window")))
 
 
+def _tombstone_lookups(machine: PrefixTreeMachine) -> list[tuple[int, int, int]]:
+    """``(prompt, namespace, length)`` of a lookup ending on each held page without its window KV
+    (a page's tokens are always a prefix of a prompt: requests insert prompt prefixes)."""
+    driver = machine.driver
+    assert driver.setup is not None and driver.model is not None
+    prompts = driver.setup.prompts
+    found = []
+    for (namespace, tokens), page in sorted(driver.model.pages.items()):
+        if not page.windowed:
+            prompt = next((p for p, whole in enumerate(prompts) if whole[:len(tokens)] == tokens), None)
+            if prompt is not None:
+                found.append((prompt, namespace, len(tokens)))
+    return found
+
+
+@precondition(lambda self: self._alive() and bool(self.driver.model.window))
+@rule(data=st.data())
+def look_up_a_tombstone(self: PrefixTreeMachine, data: st.DataObject) -> None:
+    """A lookup that ends on a page held without its window KV, so that the hit must end before it
+    (KV-TREE-017), after an eviction of window KV where no page lacks it yet; half of the time a
+    request that locks it, and may go on to compute and insert over the page (KV-TREE-019, 020).
+    Only engines with a window component draw it."""
+    if not _tombstone_lookups(self):
+        size = self.driver.page_size
+        count = st.sampled_from([size, 2 * size, 4 * size]) | st.integers(0, self.driver.capacity)
+        self.driver.apply(EvictWindow(data.draw(count, label="num_tokens")))
+        if not self._alive() or not _tombstone_lookups(self):
+            return
+    prompt, namespace, length = data.draw(st.sampled_from(_tombstone_lookups(self)), label="tombstone")
+    if len(self.driver.requests) < 4 and data.draw(st.booleans(), label="arrive"):
+        self.driver.apply(Arrive(self._handle(), prompt, namespace, length))
+        return
+    self.driver.apply(Peek(self._handle(), prompt, namespace, length))
+
+
 def machine_options(probe: object) -> dict[str, object]:
     """The prefix-tree machine's options for an adapter: a window component (``window_component``)
-    draws a window in each setup, and evictions of window KV."""
+    draws a window in each setup, evictions of window KV, and lookups aimed at pages without their
+    window KV (:func:`look_up_a_tombstone`); other adapters' machines are the plain one."""
     if not getattr(probe, "window_component", False):
         return {}
     return {"windows": True, "windowless_too": bool(getattr(probe, "window_optional", False)),
-            "configure": configure_with_window}
+            "configure": configure_with_window, "look_up_a_tombstone": look_up_a_tombstone}
 
 
 def _content_difference(expected: dict, pages: dict, listed: int) -> str:
