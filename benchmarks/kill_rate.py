@@ -12,8 +12,10 @@ place through the suites of ``kvoracle check --engine vllm`` -- the mutant's own
 then the others -- with the default budget, until a suite reports a rule with a shrunk
 counterexample (*killed*, with the rule and the seconds to conviction from the mutant's first
 step, the engine's import excluded, in wall and in CPU time) or every suite ends without one
-(*survived*). A rule that also fails on the unmutated engine (measured first, same seed) is
-not a kill. Equivalent mutants are listed with their reason, never run.
+(*survived*), and when the first example failing a counted rule was seen (*detected*, before its
+shrink). A rule that also fails on the unmutated engine (measured first, on the first seed) or
+that a real bug of the installed release breaks (benchmarks/zoo.py) is not a kill. Equivalent
+mutants are listed with their reason, never run.
 
 Each mutant runs in a child process of its own, so that an engine call a mutant sends into a
 loop (abandoned by the step timeout, but still holding the interpreter) cannot slow the next
