@@ -367,6 +367,19 @@ def _evict_component_keeping_window_slots(component: Any, node: Any, device_free
     return result
 
 
+def _recovery_ignoring_locks(component: Any, *, node: Any, **kwargs: Any) -> Any:
+    """The real re-fill of a tombstone from an insertion, as if no lock held the node's full value:
+    it takes the inserter's slots and frees its old ones while a request still reads them."""
+    from sglang.srt.mem_cache.unified_cache.component_type import ComponentType
+
+    full = node.component_data[ComponentType.FULL]
+    locks, full.lock_ref = full.lock_ref, 0
+    try:
+        return _base(component)._recover_from_incoming(node=node, **kwargs)
+    finally:
+        full.lock_ref = locks
+
+
 def _match_giving_up(cache: Any, params: Any) -> Any:
     """The real match, but when the deepest full-KV match is no valid end (its window KV is missing)
     the answer is no hit, not the deepest node that is one."""
@@ -458,6 +471,14 @@ class SWAInsertKeepsTombstones(_PatchedSWA):
     swa_methods = (("update_component_on_insert_overlap", _overlap_without_recovery),)
 
 
+class SWARecoveryIgnoresLocks(_PatchedSWA):
+    """Re-filling a tombstone from an insertion replaces its full slots even while it is locked
+    (instead of keeping them and taking the inserter's window slots only)."""
+
+    name = "sglang-swa-recovery-ignores-locks"
+    swa_methods = (("_recover_from_incoming", _recovery_ignoring_locks),)
+
+
 class SWAEvictLeaksWindowSlots(_PatchedSWA):
     """The SWA component's eviction drops a node's window value without freeing its window slots."""
 
@@ -472,5 +493,6 @@ BROKEN_SWA = {
     SWAEvictMisreports: "KV-TREE-018",
     SWAEvictionIgnoresLocks: "KV-TREE-019",
     SWAInsertKeepsTombstones: "KV-TREE-020",
+    SWARecoveryIgnoresLocks: "KV-TREE-020",
     SWAEvictLeaksWindowSlots: "KV-TREE-021",
 }

@@ -270,6 +270,24 @@ class InsertKeepsTombstones(ReferencePrefixTree):
         return held
 
 
+class RefillMovesLockedPages(ReferencePrefixTree):
+    """An insertion that re-fills a page's window KV gives the page the inserter's slots (and frees
+    its old ones) even while a lock runs through it."""
+
+    name = "refill-moves-locked-pages"
+
+    def insert(self, handle, namespace, tokens, slots):
+        held = super().insert(handle, namespace, tokens, slots)
+        tree, size = self.tree, self.tree.page_size
+        keys = tree.page_keys(namespace, tokens)
+        for key in tree.refilled:
+            if tree.pages[key].locks:
+                j = keys.index(key)
+                self.allocator.free(tree.pages[key].slots)
+                tree.adopt(key, slots[j * size:(j + 1) * size])
+        return held
+
+
 class WindowSlotsLeak(ReferencePrefixTree):
     """Dropping a page's window KV never gives its window slots back."""
 
@@ -300,5 +318,6 @@ BROKEN_WINDOW = {
     WindowEvictsOnePage: "KV-TREE-018",
     WindowEvictionIgnoresLocks: "KV-TREE-019",
     InsertKeepsTombstones: "KV-TREE-020",
+    RefillMovesLockedPages: "KV-TREE-020",
     WindowSlotsLeak: "KV-TREE-021",
 }

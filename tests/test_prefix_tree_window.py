@@ -8,6 +8,7 @@ import pytest
 from broken_tree_engines import (
     BROKEN_WINDOW,
     InsertKeepsTombstones,
+    RefillMovesLockedPages,
     WindowBlindMatch,
     WindowEvictionIgnoresLocks,
     WindowEvictsOnePage,
@@ -44,6 +45,9 @@ CASES = {
     # After [1] and [1, 2] lose their window KV, a request of [1, 2] hits nothing, computes both
     # tokens and inserts them: both pages hold their window KV again.
     InsertKeepsTombstones: [_setup(1), Serve(1, 0), EvictWindow(2), Serve(2, 0, 0, 2)],
+    # A request locks all four pages (its window: [1, 2, 3, 4]); [1] and [1, 2] lose their window
+    # KV; a request of [1, 2] inserts over them: they are locked, so they keep their slots.
+    RefillMovesLockedPages: [_setup(1), Serve(1, 0), Arrive(2, 0), EvictWindow(2), Serve(3, 0, 0, 2)],
     # One page's window KV goes; its window slot must be free afterwards.
     WindowSlotsLeak: [_setup(1), Serve(1, 0), EvictWindow(1)],
 }

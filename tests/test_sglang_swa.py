@@ -26,6 +26,7 @@ from broken_sglang_engines import (
     SWAEvictMisreports,
     SWAInsertKeepsTombstones,
     SWAMatchGivesUp,
+    SWARecoveryIgnoresLocks,
     SWAWindowBlindMatch,
 )
 from tree_meta import assert_convicted, outcomes, run
@@ -57,6 +58,9 @@ CASES = {
     SWAEvictionIgnoresLocks: [_setup(2), Serve(1, 0), Arrive(2, 0, 0, 3), EvictWindow(4)],
     # A request of [1, 2] hits nothing after the tombstoning and inserts both tokens over it.
     SWAInsertKeepsTombstones: [_setup(1), Serve(1, 0), EvictWindow(2), Serve(2, 0, 0, 2)],
+    # A request locks [1, 2, 3, 4] (its window: the node [4]); window eviction tombstones [1, 2, 3];
+    # a request of [1, 2] inserts over it: the node is locked, so it keeps its full slots.
+    SWARecoveryIgnoresLocks: [_setup(1), Serve(1, 0), Arrive(2, 0), EvictWindow(2), Serve(3, 0, 0, 2)],
     # One node's window KV goes; its window slots must be free afterwards.
     SWAEvictLeaksWindowSlots: [_setup(1), Serve(1, 0), EvictWindow(1)],
 }
