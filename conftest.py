@@ -6,3 +6,11 @@ tests (tests/test_database.py) set one explicitly."""
 import os
 
 os.environ["KVORACLE_DATABASE"] = "none"
+
+# No time limit per example in the project's own property tests: a limit turns a loaded machine
+# into a failure (Hypothesis' default is 200 ms; its "ci" profile, loaded when CI is set, has
+# none). The profile keeps everything else of the one loaded (the "ci" one's derandomizing too).
+from hypothesis import settings
+
+settings.register_profile("kvoracle-tests", settings(deadline=None))
+settings.load_profile("kvoracle-tests")
