@@ -14,7 +14,7 @@ and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency), ``sgl
 of them in a paged KV store that SGLang's model runner writes through the engine's slot
 indices, judged by the data rules KV-DATA-001 .. 004 as well (``paged-reference``,
 ``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``;
-:mod:`.prefix_tree_store`).
+:mod:`.engines.prefix_tree_store`).
 
 Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|sglang-unified|module:Class]``.
 """
@@ -156,8 +156,8 @@ class ReferencePrefixTree:
 #: The rules of a cache with a window component (chapter 14, KV-TREE-016 .. 021).
 WINDOW_RULES = tuple(f"KV-TREE-{n:03d}" for n in range(16, 22))
 
-#: The engines in a paged KV store (:mod:`.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
-_STORE = "kvoracle.conformance.prefix_tree_store"
+#: The engines in a paged KV store (:mod:`.engines.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
+_STORE = "kvoracle.conformance.engines.prefix_tree_store"
 
 #: The prefix-tree suite, registered with the harness.
 PREFIX_TREE = register_suite(SuiteDef(

@@ -17,7 +17,7 @@ KV-TREE-012 for insertions, KV-TREE-007 for evictions, KV-TREE-014 for unlocking
 set's shape (KV-TREE-006), the lock counts (KV-TREE-014), the engine's evictable and
 protected sizes (KV-TREE-011) and the capacity (KV-TREE-010).
 
-An engine in a paged KV store (capability ``kv_data``, :mod:`.prefix_tree_store`) is also
+An engine in a paged KV store (capability ``kv_data``, :mod:`.engines.prefix_tree_store`) is also
 judged on the data its slots hold. A request's Compute step then runs the model runner's
 forward pass (the adapter's ``forward``), and the store's verdicts (``TreeView.data_checks``,
 KV-DATA-001 .. 004) are recorded before the suite's own checks wherever both judge the same

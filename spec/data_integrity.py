@@ -71,7 +71,7 @@ the block tables of the manager suite only.
 Engines are judged on these rules only through an adapter that keeps the
 store (``kvoracle.conformance.engines.paged_store.PagedStoreWrapper``, any engine) and
 declares the ``kv_data`` capability -- for a prefix tree,
-``kvoracle.conformance.prefix_tree_store.PagedTreeStore`` -- and the store needs
+``kvoracle.conformance.engines.prefix_tree_store.PagedTreeStore`` -- and the store needs
 torch (``kvoracle.gpu``).
 This chapter itself is pure Python.
 """

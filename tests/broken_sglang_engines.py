@@ -264,7 +264,7 @@ BROKEN_UNIFIED = {
 }
 
 
-# -- faults the paged KV store judges first (KV-DATA, conformance/prefix_tree_store.py) -------------------
+# -- faults the paged KV store judges first (KV-DATA, conformance/engines/prefix_tree_store.py) -------------------
 def _path_pages_reversed(cache: Any, node: Any) -> Any:
     path = _base(cache).path_device_indices(node)
     size = cache.page_size
@@ -318,8 +318,8 @@ RustPathPagesReversed = _on_rust(UnifiedPathPagesReversed)
 
 
 def in_store(broken: type) -> type:
-    """``broken`` in the paged KV store (conformance/prefix_tree_store.py)."""
-    from kvoracle.conformance.prefix_tree_store import PagedTreeStore
+    """``broken`` in the paged KV store (conformance/engines/prefix_tree_store.py)."""
+    from kvoracle.conformance.engines.prefix_tree_store import PagedTreeStore
 
     return type(f"Paged{broken.__name__}", (PagedTreeStore,), {
         "__doc__": broken.__doc__, "name": f"paged-{broken.name}",

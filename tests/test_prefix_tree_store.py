@@ -1,4 +1,4 @@
-"""The prefix-tree suite's paged KV store (conformance/prefix_tree_store.py) without SGLang.
+"""The prefix-tree suite's paged KV store (conformance/engines/prefix_tree_store.py) without SGLang.
 
 kvoracle's reference tree in the store passes every rule, the data rules KV-DATA-001 .. 004
 with checks; broken model runners and broken trees in the store are convicted of the data rule
@@ -12,8 +12,8 @@ import pytest
 from broken_tree_engines import NamespaceLeak, SlotsReversed
 from tree_meta import assert_convicted, outcomes, run
 
+from kvoracle.conformance.engines.prefix_tree_store import PagedReferenceTree, PagedTreeStore
 from kvoracle.conformance.prefix_tree import WINDOW_RULES, ReferencePrefixTree, TreeSetup
-from kvoracle.conformance.prefix_tree_store import PagedReferenceTree, PagedTreeStore
 from kvoracle.gpu import torch
 
 DATA_RULES = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004")

@@ -1,4 +1,4 @@
-"""SGLang 0.5.23's real radix caches in the paged KV store (conformance/prefix_tree_store.py), run by
+"""SGLang 0.5.23's real radix caches in the paged KV store (conformance/engines/prefix_tree_store.py), run by
 ``make test-sglang`` in .venv-sglang; skipped where SGLang is not installed.
 
 The model runner writes through SGLang's own slot indices: the plain ``RadixCache`` and the
@@ -22,12 +22,12 @@ except SGLangUnavailable as missing:
 from broken_sglang_engines import BROKEN_IN_STORE, in_store
 from tree_meta import assert_convicted, outcomes, run
 
-from kvoracle.conformance.prefix_tree import TreeSetup
-from kvoracle.conformance.prefix_tree_store import (
+from kvoracle.conformance.engines.prefix_tree_store import (
     PagedSGLangRadixCache,
     PagedSGLangUnified,
     PagedSGLangUnifiedRust,
 )
+from kvoracle.conformance.prefix_tree import TreeSetup
 from kvoracle.spec import data_integrity as data_spec
 
 DATA_RULES = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004")

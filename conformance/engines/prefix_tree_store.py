@@ -46,10 +46,10 @@ from kvoracle.gpu import PagedKVStore, default_device, torch
 from kvoracle.gpu.paged_store import NO_SLOT_EPOCH
 from kvoracle.spec import data_integrity as data_spec
 
-from .engines.paged_store import first_changed_block, first_mismatch
-from .harness.capabilities import Capabilities
-from .harness.suites import capabilities_of
-from .prefix_tree_protocol import PrefixTreeAdapter, TreeSetup, TreeView
+from ..harness.capabilities import Capabilities
+from ..harness.suites import capabilities_of
+from ..prefix_tree_protocol import PrefixTreeAdapter, TreeSetup, TreeView
+from .paged_store import first_changed_block, first_mismatch
 
 #: The store's one group: a block is one slot, a request's row is its block table.
 GROUP = 0
@@ -315,7 +315,7 @@ class PagedReferenceTree(PagedTreeStore):
     name = "paged-reference"
 
     def __init__(self) -> None:
-        from .prefix_tree import ReferencePrefixTree
+        from ..prefix_tree import ReferencePrefixTree
 
         super().__init__(ReferencePrefixTree())
 
@@ -326,7 +326,7 @@ class PagedSGLangRadixCache(PagedTreeStore):
     name = "paged-sglang"
 
     def __init__(self) -> None:
-        from .engines.sglang import SGLangRadixCache
+        from .sglang import SGLangRadixCache
 
         super().__init__(SGLangRadixCache())
 
@@ -337,7 +337,7 @@ class PagedSGLangUnified(PagedTreeStore):
     name = "paged-sglang-unified"
 
     def __init__(self) -> None:
-        from .engines.sglang_unified import SGLangUnifiedRadixCache
+        from .sglang_unified import SGLangUnifiedRadixCache
 
         super().__init__(SGLangUnifiedRadixCache())
 
@@ -348,6 +348,6 @@ class PagedSGLangUnifiedRust(PagedTreeStore):
     name = "paged-sglang-unified-rust"
 
     def __init__(self) -> None:
-        from .engines.sglang_unified import SGLangUnifiedRustCore
+        from .sglang_unified import SGLangUnifiedRustCore
 
         super().__init__(SGLangUnifiedRustCore())
