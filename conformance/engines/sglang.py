@@ -117,6 +117,11 @@ class SGLangRadixCache:
         return int(self.cache.evict(self.api.EvictParams(num_tokens=num_tokens)).num_tokens_evicted)
 
     def observe(self) -> TreeView:
+        return TreeView(self.pages(), int(self.cache.evictable_size()), int(self.cache.protected_size()),
+                        int(self.allocator.available_size()))
+
+    def pages(self) -> tuple[PageView, ...]:
+        """Every page of the tree, read node by node from the root."""
         pages: list[PageView] = []
         size = self.page_size
         stack = [(child, ()) for child in self.cache.root_node.children.values()]
@@ -126,12 +131,16 @@ class SGLangRadixCache:
             tokens = tuple(int(t) for t in key.token_ids[:len(key)])
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             namespace = namespace_of(key.extra_key)
+            windowed = self.node_windowed(node)
             for start in range(0, len(tokens), size):
                 pages.append(PageView(namespace, before + tokens[:start + size], slots[start:start + size],
-                                      int(locks)))
+                                      int(locks), windowed))
             stack.extend((child, before + tokens) for child in node.children.values())
-        return TreeView(tuple(pages), int(self.cache.evictable_size()), int(self.cache.protected_size()),
-                        int(self.allocator.available_size()))
+        return tuple(pages)
+
+    def node_windowed(self, node: Any) -> bool:
+        """Whether a radix node holds window KV (a cache without a window component: always)."""
+        return True
 
     def node_parts(self, node: Any) -> tuple[Any, Any, int]:
         """A radix node's key (a ``RadixKey``), its slots (a tensor, ``None`` when it holds none) and

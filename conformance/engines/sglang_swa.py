@@ -32,8 +32,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from ..prefix_tree_protocol import PageView, TreeSetup, TreeView
-from .sglang import namespace_of
+from ..prefix_tree_protocol import TreeSetup, TreeView
 from .sglang_unified import SGLangUnifiedRadixCache
 
 
@@ -108,22 +107,11 @@ class SGLangUnifiedSWA(SGLangUnifiedRadixCache):
     def evict_window(self, num_tokens: int) -> int:
         return int(self.cache.evict(self.api.EvictParams(swa_num_tokens=num_tokens)).swa_num_tokens_evicted)
 
+    def node_windowed(self, node: Any) -> bool:
+        return node.component(self.swa).value is not None
+
     def observe(self) -> TreeView:
-        pages: list[PageView] = []
-        size = self.page_size
-        stack = [(child, ()) for child in self.cache.root_node.children.values()]
-        while stack:
-            node, before = stack.pop()
-            full, window = node.component(self.full), node.component(self.swa)
-            key = node.key
-            tokens = tuple(int(t) for t in key.token_ids[:len(key)])
-            slots = () if full.value is None else tuple(int(s) for s in full.value.tolist())
-            namespace = namespace_of(key.extra_key)
-            for start in range(0, len(tokens), size):
-                pages.append(PageView(namespace, before + tokens[:start + size], slots[start:start + size],
-                                      int(full.lock_ref), window.value is not None))
-            stack.extend((child, before + tokens) for child in node.children.values())
-        return TreeView(tuple(pages), int(self.cache.evictable_size()), int(self.cache.protected_size()),
+        return TreeView(self.pages(), int(self.cache.evictable_size()), int(self.cache.protected_size()),
                         int(self.allocator.full_available_size()),
                         window_free=int(self.allocator.swa_available_size()),
                         window_evictable=int(self.cache.swa_evictable_size()),
