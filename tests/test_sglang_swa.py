@@ -31,7 +31,7 @@ from broken_sglang_engines import (
 )
 from tree_meta import assert_convicted, outcomes, run
 
-from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA
+from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA, SGLangUnifiedSWARust
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.prefix_tree import WINDOW_RULES, Arrive, EvictWindow, Peek, Serve, TreeSetup
@@ -66,8 +66,13 @@ CASES = {
 }
 
 
-def test_the_real_swa_cache_passes_every_rule_it_is_judged_on():
-    result = run(SGLangUnifiedSWA, max_examples=200, max_rounds=1)
+#: The real cache over either tree core.
+REAL = [SGLangUnifiedSWA, SGLangUnifiedSWARust]
+
+
+@pytest.mark.parametrize("engine", REAL, ids=[e.name for e in REAL])
+def test_the_real_swa_cache_passes_every_rule_it_is_judged_on(engine):
+    result = run(engine, max_examples=200, max_rounds=1)
     found = outcomes(result)
     assert result.ok, found
     assert found.pop("KV-TREE-008") == "not-applicable"
@@ -80,9 +85,19 @@ def test_every_broken_swa_cache_has_a_written_case():
     assert set(CASES) == set(BROKEN_SWA)
 
 
+@pytest.mark.parametrize("engine", REAL, ids=[e.name for e in REAL])
 @pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
-def test_the_written_case_replays_clean_on_the_real_cache(broken):
-    replay("prefix-tree", SGLangUnifiedSWA, CASES[broken])
+def test_the_written_case_replays_clean_on_the_real_cache(broken, engine):
+    replay("prefix-tree", engine, CASES[broken])
+
+
+def test_the_rust_core_names_a_refilled_tombstones_pages():
+    # Window eviction tombstones the prompt's node; the second request re-fills it with its own
+    # slots, which the Rust core's observation must name by their tokens (the adapter once knew
+    # only the slots of positions past the held ones, and reported a page of no tokens:
+    # KV-TREE-012 on the first run of sglang-unified-swa-rust).
+    replay("prefix-tree", SGLangUnifiedSWARust, [TreeSetup(1, 4, ((0, 0, 0), (0,)), 1), Serve(1, 0),
+                                                 EvictWindow(4), Peek(2, 0, 0, 1), Serve(3, 0)])
 
 
 @pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
@@ -97,10 +112,12 @@ def test_broken_swa_cache_is_convicted_of_its_rule(broken, rule_id):
     assert_convicted(broken, rule_id)
 
 
-def test_the_cache_has_both_components_and_the_window_asked_for():
-    cache = SGLangUnifiedSWA()
+@pytest.mark.parametrize("engine", REAL, ids=[e.name for e in REAL])
+def test_the_cache_has_both_components_and_the_window_asked_for(engine):
+    cache = engine()
     cache.configure(_setup(3))
     assert cache.cache.tree_components == (cache.full, cache.swa)
     assert cache.cache.components[cache.swa].sliding_window_size == 3
+    assert cache.cache._tree_core_backend == engine.tree_core_backend
     with pytest.raises(ValueError, match="window"):
         cache.configure(_setup(0))

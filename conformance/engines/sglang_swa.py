@@ -1,5 +1,7 @@
 """SGLang's ``UnifiedRadixCache`` with its FULL and SWA components (a hybrid model's full and
-sliding-window layers) behind the prefix-tree suite's protocol, window component included.
+sliding-window layers) behind the prefix-tree suite's protocol, window component included,
+over the Python tree core (``sglang-unified-swa``) or the bundled Rust one
+(``sglang-unified-swa-rust``).
 
 :class:`SGLangUnifiedSWA` builds, per configuration, SGLang 0.5.23's ``UnifiedRadixCache`` with
 ``tree_components=(FULL, SWA)`` and ``sliding_window_size = TreeSetup.window`` over its real
@@ -33,7 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..prefix_tree_protocol import TreeSetup, TreeView
-from .sglang_unified import SGLangUnifiedRadixCache
+from .sglang_unified import SGLangUnifiedRadixCache, SGLangUnifiedRustCore
 
 
 class SGLangUnifiedSWA(SGLangUnifiedRadixCache):
@@ -116,3 +118,12 @@ class SGLangUnifiedSWA(SGLangUnifiedRadixCache):
                         window_free=int(self.allocator.swa_available_size()),
                         window_evictable=int(self.cache.swa_evictable_size()),
                         window_protected=int(self.cache.swa_protected_size()))
+
+
+class SGLangUnifiedSWARust(SGLangUnifiedSWA, SGLangUnifiedRustCore):
+    """The same FULL + SWA cache over SGLang's bundled Rust tree core: the tree is read as
+    :class:`~.sglang_unified.SGLangUnifiedRustCore` reads it (``pretty_print``, which prints each
+    node's ``Swa=yes|no`` too), the protocol is :class:`SGLangUnifiedSWA`'s."""
+
+    name = "sglang-unified-swa-rust"
+    tree_core_backend = "rust"

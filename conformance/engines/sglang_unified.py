@@ -37,7 +37,7 @@ import tempfile
 from collections.abc import Sequence
 from typing import Any
 
-from ..prefix_tree_protocol import PageView, TreeSetup, TreeView
+from ..prefix_tree_protocol import PageView, TreeSetup
 from .sglang import SGLangRadixCache
 
 
@@ -113,8 +113,8 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
 
 
 #: One line of the Rust tree core's ``pretty_print``: indentation, ``[node id] key length
-#: full_lock=<count> Full=<yes|no>``.
-_RUST_NODE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(\d+) Full=(yes|no)$")
+#: full_lock=<count> Full=<yes|no>``, then ``Swa=<yes|no>`` where the tree has a SWA component.
+_RUST_NODE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(\d+) Full=(yes|no)(?: Swa=(yes|no))?$")
 
 
 class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
@@ -140,8 +140,9 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
         held = super().insert(handle, namespace, tokens, slots)
-        aligned = len(tokens) // self.page_size * self.page_size
-        for position in range(held, aligned):
+        # Every position, the held ones too: a held slot is the cache's own (a hit) or a duplicate
+        # the cache frees, unless the insertion re-fills a tombstone of a window component with it.
+        for position in range(len(tokens) // self.page_size * self.page_size):
             self.inserted[int(slots[position])] = (namespace, tuple(tokens[:position + 1]))
         return held
 
@@ -160,7 +161,9 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
             sink.seek(0)
             return sink.read().decode().splitlines()
 
-    def observe(self) -> TreeView:
+    def pages(self) -> tuple[PageView, ...]:
+        """Every page of the tree, read from ``pretty_print`` and the nodes' device values (a node
+        printed ``Swa=no`` is a tombstone: its pages hold no window KV)."""
         core, size = self.cache.tree_core, self.page_size
         root = core.root_node_handle()
         pages: list[PageView] = []
@@ -168,13 +171,12 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
             match = _RUST_NODE.match(line)
             if match is None:
                 raise RuntimeError(f"unexpected line in the Rust tree core's pretty_print: {line!r}")
-            node_id, locks, full = int(match[2]), int(match[4]), match[5]
+            node_id, locks, full, windowed = int(match[2]), int(match[4]), match[5], match[6] != "no"
             if node_id == root:
                 continue
             value = core.get_component_device_value(node_id, self.full) if full == "yes" else None
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             for start in range(size - 1, len(slots), size):
                 namespace, tokens = self.inserted.get(slots[start], (0, ()))
-                pages.append(PageView(namespace, tokens, slots[start - size + 1:start + 1], locks))
-        return TreeView(tuple(pages), int(self.cache.evictable_size()), int(self.cache.protected_size()),
-                        int(self.allocator.available_size()))
+                pages.append(PageView(namespace, tokens, slots[start - size + 1:start + 1], locks, windowed))
+        return tuple(pages)
