@@ -131,6 +131,11 @@ class ReferencePrefixTree:
             self.allocator.free(pages[key])
         return len(dropped) * self.tree.page_size
 
+    def window_slots(self, slots: Sequence[int]) -> tuple[int, ...]:
+        """Where a paged store keeps the window KV of each slot: at the slot itself (the reference
+        counts window slots, KV-TREE-021, but gives them no indices of their own)."""
+        return tuple(slots)
+
     def window_protected(self) -> set[PageKey]:
         assert self.tree is not None
         return {key for path in self.locked.values() for key in self.tree.window_locked(path)}
@@ -175,7 +180,10 @@ PREFIX_TREE = register_suite(SuiteDef(
              "paged-sglang": f"{_STORE}:PagedSGLangRadixCache",
              "paged-sglang-unified": f"{_STORE}:PagedSGLangUnified",
              "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust",
-             "sglang-unified-swa": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWA"},
+             "paged-sglang-unified-swa": f"{_STORE}:PagedSGLangUnifiedSWA",
+             "paged-sglang-unified-swa-rust": f"{_STORE}:PagedSGLangUnifiedSWARust",
+             "sglang-unified-swa": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWA",
+             "sglang-unified-swa-rust": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWARust"},
     machine_options=machine_options,
     exclusions=lambda probe: {} if getattr(probe, "window_component", False) else dict.fromkeys(
         WINDOW_RULES, "the engine has no window component (window_component), the only caches these rules "

@@ -24,10 +24,9 @@ def test_the_reference_in_the_store_passes_every_rule_with_data_checks():
     found = outcomes(result)
     assert result.ok, found
     assert found.pop("KV-TREE-009") == "not-applicable"
-    for rule_id in WINDOW_RULES:  # the store keeps no window KV: its adapter has no window component
-        assert found.pop(rule_id) == "not-applicable"
     assert set(found.values()) == {"pass"}, found
-    for rule_id in DATA_RULES:
+    # The window component is the reference's: the window rules are judged, window KV in the store.
+    for rule_id in (*DATA_RULES, *WINDOW_RULES):
         outcome = result.verdicts.outcomes[rule_id]
         assert outcome.outcome == "pass" and outcome.checks > 0, (rule_id, outcome.outcome, outcome.checks)
     assert result.verdicts.outcomes["KV-DATA-005"].not_applicable  # vLLM's null block: not a tree's rule
@@ -52,6 +51,18 @@ class SaltlessRunner(PagedReferenceTree):
     def forward(self, handle, namespace, tokens, slots, start):
         super().forward(handle, 0, tokens, slots, start)
         self.held[handle].namespace = namespace  # what the request itself expects to read
+
+
+class LastWindowRunner(PagedReferenceTree):
+    """The window layers write the KV of a forward pass's last ``W`` tokens only (all the request
+    itself attends to next), while the cache goes on listing the pages before them with their
+    window KV."""
+
+    name = "paged-last-window-runner"
+
+    def write_window(self, slots, positions, values):
+        keep = positions >= len(slots) - self.window
+        super().write_window(slots, positions[keep], values[keep])
 
 
 # -- broken trees in the store: the data is judged before the indices ----------------------------------
@@ -98,6 +109,7 @@ class PagedEvictFreesParent(PagedTreeStore):
     (PagedSlotsReversed, "KV-DATA-001"),
     (PagedNamespaceLeak, "KV-DATA-001"),
     (PagedEvictFreesParent, "KV-DATA-004"),
+    (LastWindowRunner, "KV-DATA-004"),
 ], ids=lambda value: getattr(value, "name", value))
 def test_broken_runner_or_tree_in_the_store_is_convicted_of_its_data_rule(broken, rule_id):
     assert_convicted(broken, rule_id)
@@ -177,3 +189,26 @@ def test_the_wrapper_claims_kv_data_and_names_itself():
     wrapped = PagedTreeStore(ReferencePrefixTree(), device="cpu")
     assert wrapped.name == "reference+paged-store" and wrapped.capabilities().kv_data
     assert PagedReferenceTree().name == "paged-reference"
+
+
+def test_a_hit_reads_its_windows_kv_from_the_window_slots():
+    """With a window component the forward pass writes window KV too; a hit's last window is read
+    from there, and a page listed with window KV that lost it is KV-DATA-004's."""
+    store = PagedReferenceTree()
+    store.configure(TreeSetup(1, 8, (), window=2))
+    row = _served(store, 1, (1, 2, 3, 4))
+    window = store.store.values[1][:, 0]
+    assert window[list(row)].tolist() == list(store._values(0, (1, 2, 3, 4)))
+    hit, slots = store.match(2, 0, (1, 2, 3, 9))
+    assert hit == 3 and _failed(store) == []
+    # The window KV of the hit's last token is gone: the full KV is intact, the window layers would
+    # read other data.
+    store.store.write(1, torch.tensor([slots[2]]), torch.tensor([0]), torch.tensor([99]))
+    checks = store._check_hit(2, 0, (1, 2, 3, 9), 3, slots)
+    failed = [(rule_id, message) for rule_id, ok, message in checks if not ok]
+    assert [rule_id for rule_id, _ in failed] == ["KV-DATA-001"] and "window KV of position 2" in failed[0][1]
+    assert [rule_id for rule_id, _ in _failed(store)] == ["KV-DATA-004"]
+    # Before the hit's window nothing is read: the first token's window KV may go (a tombstone).
+    store.store.write(1, torch.tensor([slots[2]]), torch.tensor([0]), torch.tensor([store._values(0, (1, 2, 3))[2]]))
+    store.store.write(1, torch.tensor([slots[0]]), torch.tensor([0]), torch.tensor([99]))
+    assert store._check_hit(2, 0, (1, 2, 3, 9), 3, slots)[0][1]

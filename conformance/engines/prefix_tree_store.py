@@ -26,13 +26,29 @@ first):
   / -002 when it was handed wrong data, spec ``slot_violation``) and every slot of every page
   the cache holds (KV-DATA-004).
 
+A cache with a window component (a hybrid model's sliding-window layers, ``window_component``)
+keeps those layers' KV in window slots of their own, one per full slot, and the wrapper keeps a
+second group for them. Its inner adapter names the window slot behind each full slot
+(``window_slots(slots)``: SGLang's ``translate_loc_from_full_to_swa``, the runner's own
+translation; the reference's window KV lives at its full slot). The forward pass writes every
+computed token's window KV too, and the data rules read the window KV a window layer attends
+to, where the chapter's window rules say the cache keeps it:
+
+- a hit's last window (the pages overlapping its last ``W`` tokens, spec ``window_locked_pages``:
+  KV-TREE-016) holds the request's own prefix (KV-DATA-001/002);
+- a request relies on the window KV of its last ``W`` tokens and of the locked window of its
+  path (KV-TREE-019) for as long as it holds them (KV-DATA-003);
+- every page the cache lists with window KV holds the page's prefix there (KV-DATA-004); a page
+  without it (a tombstone) is not read.
+
 The value written for a token is spec ``slot_value`` chained from a seed that covers the
 namespace (:func:`namespace_salt`), so that equal tokens in two namespaces never hold equal
 values. The checks share their reading code with the vLLM-shaped wrapper
 (:func:`~.engines.paged_store.first_mismatch`, :func:`~.engines.paged_store.first_changed_block`).
 
 Built-in engines of the prefix-tree suite: ``paged-reference`` (:class:`PagedReferenceTree`),
-``paged-sglang``, ``paged-sglang-unified`` and ``paged-sglang-unified-rust`` (SGLang's caches,
+``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``,
+``paged-sglang-unified-swa`` and ``paged-sglang-unified-swa-rust`` (SGLang's caches,
 ``scripts/install_sglang.sh``). Importing this module needs torch (``kvoracle.gpu``).
 """
 
@@ -45,14 +61,17 @@ import attrs
 from kvoracle.gpu import PagedKVStore, default_device, torch
 from kvoracle.gpu.paged_store import NO_SLOT_EPOCH
 from kvoracle.spec import data_integrity as data_spec
+from kvoracle.spec import prefix_tree as tree_spec
 
 from ..harness.capabilities import Capabilities
 from ..harness.suites import capabilities_of
 from ..prefix_tree_protocol import PrefixTreeAdapter, TreeSetup, TreeView
 from .paged_store import first_changed_block, first_mismatch
 
-#: The store's one group: a block is one slot, a request's row is its block table.
+#: The store's group of full-attention KV: a block is one slot, a request's row is its block table.
 GROUP = 0
+#: The group of window KV (a cache with a window component), indexed by window slot.
+WINDOW_GROUP = 1
 #: A position the request does not rely on (any more) in its row.
 NOT_RELIED = -1
 
@@ -107,6 +126,14 @@ class PagedTreeStore:
         self.device = torch.device(device) if device is not None else default_device()
         self.setup: TreeSetup | None = None
         self.store: PagedKVStore | None = None
+        #: A window component is the inner cache's, and so is whether it runs without one.
+        self.window_component = bool(getattr(inner, "window_component", False))
+        self.window_optional = bool(getattr(inner, "window_optional", False))
+        if self.window_component and not callable(getattr(inner, "window_slots", None)):
+            raise TypeError(f"{self.name}: an adapter with a window component needs window_slots(slots) (the "
+                            "window slot behind each full slot) to run in a paged KV store")
+        #: The window of the configuration (0: none).
+        self.window = 0
         self._reset()
 
     def _reset(self) -> None:
@@ -130,7 +157,9 @@ class PagedTreeStore:
         self.setup = setup
         # Slot indices of every allocator here lie below capacity + one page (SGLang's start at 1,
         # or at page 1: slot 0 is its padding slot); an index past the store has no slot.
-        self.store = PagedKVStore(setup.num_pages * setup.page_size + setup.page_size, (1,), self.device)
+        self.window = setup.window if self.window_component else 0
+        groups = (1, 1) if self.window else (1,)
+        self.store = PagedKVStore(setup.num_pages * setup.page_size + setup.page_size, groups, self.device)
         self._reset()
 
     def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, Sequence[int]]:
@@ -192,6 +221,16 @@ class PagedTreeStore:
     def evict(self, num_tokens: int) -> int:
         return self.inner.evict(num_tokens)
 
+    def evict_window(self, num_tokens: int) -> int:
+        return self.inner.evict_window(num_tokens)  # type: ignore[attr-defined]
+
+    def window_slots(self, slots: Sequence[int]) -> tuple[int, ...]:
+        """The window slot behind each of ``slots``, as the inner cache maps them now
+        (``NOT_RELIED`` stays)."""
+        known = [int(s) for s in slots if s != NOT_RELIED]
+        mapped = iter(int(s) for s in self.inner.window_slots(known)) if known else iter(())  # type: ignore
+        return tuple(NOT_RELIED if s == NOT_RELIED else next(mapped) for s in slots)
+
     def forward(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int],
                 start: int) -> None:
         """The forward pass: writes the KV of ``tokens[start:]`` into ``slots[start:len(tokens)]``;
@@ -206,8 +245,11 @@ class PagedTreeStore:
         stop = min(len(tokens), len(slots))
         epoch = self.store.clock
         if stop > start:
-            epoch = self.store.write(GROUP, self.write_row(slots), torch.arange(start, stop, device=self.device),
-                                     torch.tensor(values[start:stop], dtype=torch.int64, device=self.device))
+            positions = torch.arange(start, stop, device=self.device)
+            written = torch.tensor(values[start:stop], dtype=torch.int64, device=self.device)
+            epoch = self.store.write(GROUP, self.write_row(slots), positions, written)
+            if self.window:
+                self.write_window(slots[:stop], positions, written)
         for position in range(stop):
             held.rely(position, slots[position], epoch if position >= start else self.store.clock,
                       given=position < start)
@@ -217,12 +259,20 @@ class PagedTreeStore:
         broken runners)."""
         return torch.tensor(slots, dtype=torch.int64, device=self.device)
 
+    def write_window(self, slots: tuple[int, ...], positions: torch.Tensor, values: torch.Tensor) -> None:
+        """The window layers' half of the forward pass: the KV of ``positions`` into the window
+        slots behind the row's ``slots`` (a seam for the meta-tests' broken runners)."""
+        assert self.store is not None
+        self.store.write(WINDOW_GROUP, self.write_row(self.window_slots(slots)), positions, values)
+
     def observe(self) -> TreeView:
         view = self.inner.observe()
         checks, self.pending = self.pending, []
         for handle, held in self.held.items():
             checks.extend(self._check_held(handle, held))
         checks.append(self._check_pages(view))
+        if self.window:
+            checks.append(self._check_pages(view, WINDOW_GROUP))
         return attrs.evolve(view, data_checks=tuple(checks))
 
     # -- the values and the checks -----------------------------------------------------------------
@@ -236,11 +286,19 @@ class PagedTreeStore:
             self.values[key] = known
         return known
 
-    def _read(self, slots: Sequence[int], positions: Sequence[int], expected: Sequence[int]):
+    def _read(self, slots: Sequence[int], positions: Sequence[int], expected: Sequence[int], group: int = GROUP):
         assert self.store is not None
         row = torch.tensor(list(slots), dtype=torch.int64, device=self.device)
-        return first_mismatch(self.store, GROUP, row, torch.tensor(list(positions), dtype=torch.int64,
+        return first_mismatch(self.store, group, row, torch.tensor(list(positions), dtype=torch.int64,
                                                                      device=self.device), expected)
+
+    def _window_start(self, cached: int) -> int:
+        """The first position whose window KV a request relies on when its first ``cached`` tokens
+        (page-aligned) are the cache's: the locked window's first page (KV-TREE-019)."""
+        assert self.setup is not None
+        size = self.setup.page_size
+        pages = tree_spec.window_locked_pages(cached, self.window, size)
+        return pages[0] * size if pages else cached
 
     def _check_hit(self, handle: int, namespace: int, tokens: tuple[int, ...], hit: int,
                    slots: tuple[int, ...]) -> list[Check]:
@@ -250,16 +308,22 @@ class PagedTreeStore:
             return []
         values = self._values(namespace, tokens[:count])
         wrong = self._read(slots, range(count), values)
+        kind, row, positions = "", slots, list(range(count))
+        if wrong is None and self.window and count == hit:
+            # The window layers resume from the hit's last window (KV-TREE-016): its window KV.
+            kind, row, positions = "window KV of ", self.window_slots(slots[:count]), list(range(
+                self._window_start(hit), hit))
+            wrong = self._read(row, positions, [values[p] for p in positions], WINDOW_GROUP)
         if wrong is None:
             return [(data_spec.KV_DATA_001, True, ""), (data_spec.KV_DATA_002, True, "")]
-        position = wrong.offset
+        position = positions[wrong.offset]
         rule_id = data_spec.slot_violation(values[position], wrong.found, 0, 0, True)
         assert rule_id is not None
         what = "was never written" if wrong.found == data_spec.UNWRITTEN else "holds other data"
         return [(rule_id, False, (
             f"a lookup under handle {handle} (namespace {namespace}) hit {hit} tokens in slots "
-            f"{list(slots[:16])}{' ...' if len(slots) > 16 else ''}: position {position} (slot "
-            f"{slots[position]}, token {tokens[position]}) {what}, not the request's prefix"))]
+            f"{list(slots[:16])}{' ...' if len(slots) > 16 else ''}: the {kind}position {position} (slot "
+            f"{row[position]}, token {tokens[position]}) {what}, not the request's prefix"))]
 
     def _check_held(self, handle: int, held: _Held) -> list[Check]:
         """KV-DATA-003 (or -001/-002 for data the cache handed over wrong): every slot the request
@@ -270,6 +334,15 @@ class PagedTreeStore:
         values = self._values(held.namespace, held.tokens)
         positions = [p for p in positions if p < len(values)]
         wrong = self._read(held.row, positions, [values[p] for p in positions])
+        kind, row = "", held.row
+        if wrong is None and self.window:
+            # Its window layers attend to its last W tokens, and its lock keeps its path's window
+            # (KV-TREE-019): the window KV of those.
+            locked = range(self._window_start(held.from_cache), held.from_cache)
+            last = max(held.from_cache, len(held.tokens) - self.window)
+            positions = [p for p in positions if p in locked or p >= last]
+            kind, row = "the window KV of ", list(self.window_slots(held.row))
+            wrong = self._read(row, positions, [values[p] for p in positions], WINDOW_GROUP)
         if wrong is None:
             return [(data_spec.KV_DATA_003, True, "")]
         position = positions[wrong.offset]
@@ -279,33 +352,37 @@ class PagedTreeStore:
         origin = "given by the cache" if held.given[position] else "computed by itself"
         changed = "-" if wrong.written_at == NO_SLOT_EPOCH else wrong.written_at
         return [(rule_id, False, (
-            f"the request under handle {handle} relies on position {position} (token "
+            f"the request under handle {handle} relies on {kind}position {position} (token "
             f"{held.tokens[position]}, {origin}, since write epoch {held.since[position]}), but slot "
-            f"{held.row[position]} holds other data (last changed at epoch {changed})"))]
+            f"{row[position]} holds other data (last changed at epoch {changed})"))]
 
-    def _check_pages(self, view: TreeView) -> Check:
-        """KV-DATA-004: every slot of every page the cache holds holds the prefix naming the page."""
+    def _check_pages(self, view: TreeView, group: int = GROUP) -> Check:
+        """KV-DATA-004: every slot of every page the cache holds holds the prefix naming the page
+        (in the window group: every page the cache lists with window KV, in its window slots)."""
         assert self.store is not None
         slots: list[int] = []
         expected: list[tuple[int, ...]] = []
         names: list[tuple[int, tuple[int, ...]]] = []
-        for page in view.pages:
+        pages = view.pages if group == GROUP else [page for page in view.pages if page.windowed]
+        for page in pages:
             tokens = tuple(page.tokens)
             values = self._values(page.namespace, tokens)
             first = len(tokens) - len(page.slots)
-            for offset, slot in enumerate(page.slots):
+            page_slots = page.slots if group == GROUP else self.window_slots(page.slots)
+            for offset, slot in enumerate(page_slots):
                 if 0 <= first + offset < len(values) and 0 <= slot < self.store.num_blocks:
                     slots.append(int(slot))
                     expected.append((values[first + offset],))
                     names.append((page.namespace, tokens))
-        index = first_changed_block(self.store, GROUP, slots, expected)
+        index = first_changed_block(self.store, group, slots, expected)
         if index is None:
             return (data_spec.KV_DATA_004, True, "")
-        found = int(self.store.values[GROUP][slots[index], 0])
+        found = int(self.store.values[group][slots[index], 0])
         namespace, tokens = names[index]
         what = "was never written" if found == data_spec.UNWRITTEN else "holds other data"
+        kind = "slot" if group == GROUP else "window KV in window slot"
         return (data_spec.KV_DATA_004, False, (
-            f"the cache holds page {list(tokens)} (namespace {namespace}) with slot {slots[index]}, which "
+            f"the cache holds page {list(tokens)} (namespace {namespace}) with {kind} {slots[index]}, which "
             f"{what}"))
 
 
@@ -351,3 +428,25 @@ class PagedSGLangUnifiedRust(PagedTreeStore):
         from .sglang_unified import SGLangUnifiedRustCore
 
         super().__init__(SGLangUnifiedRustCore())
+
+
+class PagedSGLangUnifiedSWA(PagedTreeStore):
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + SWA, Python tree core) in a paged KV store."""
+
+    name = "paged-sglang-unified-swa"
+
+    def __init__(self) -> None:
+        from .sglang_swa import SGLangUnifiedSWA
+
+        super().__init__(SGLangUnifiedSWA())
+
+
+class PagedSGLangUnifiedSWARust(PagedTreeStore):
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + SWA, Rust tree core) in a paged KV store."""
+
+    name = "paged-sglang-unified-swa-rust"
+
+    def __init__(self) -> None:
+        from .sglang_swa import SGLangUnifiedSWARust
+
+        super().__init__(SGLangUnifiedSWARust())

@@ -109,6 +109,11 @@ class SGLangUnifiedSWA(SGLangUnifiedRadixCache):
     def evict_window(self, num_tokens: int) -> int:
         return int(self.cache.evict(self.api.EvictParams(swa_num_tokens=num_tokens)).swa_num_tokens_evicted)
 
+    def window_slots(self, slots: Sequence[int]) -> tuple[int, ...]:
+        """The window slot behind each full slot: the allocator's own translation (what SGLang's
+        model runner writes and reads a window layer's KV through; 0 where none is mapped)."""
+        return tuple(int(s) for s in self.allocator.translate_loc_from_full_to_swa(self.tensor(slots)).tolist())
+
     def node_windowed(self, node: Any) -> bool:
         return node.component(self.swa).value is not None
 
