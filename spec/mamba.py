@@ -138,6 +138,29 @@ states are written where they are cached: in align mode it ends every prefill
 chunk but the prompt's last on a block boundary, and a chunk that starts inside
 a block stops at the next boundary (KV-MAMBA-016). A chunk breaking that rule
 leaves a page whose key names a later boundary than the state it holds.
+
+**A table longer than the step** (KV-MAMBA-018). After rejected drafts a step's
+``T`` can be smaller than the last one's, and KV-MAMBA-004 leaves the table as the
+longer step made it: the running page stands further right than ``cdiv(T, B) - 1``,
+which is null. The model runner then finds the request's state where KV-MAMBA-013
+says it is, in entry ``len - 1 - s`` of a table of ``len`` entries -- the entry
+vLLM's manager itself records as the last state (``last_state_block_idx``) -- and
+not by the step's length, as vLLM 0.33.0's runner does (it reads and writes the
+null block there: ``docs/findings/mamba-runner-null-state.md``). A step reads the
+state the previous step left, and leaves: the state after its committed tokens
+``C`` in that running entry; an exported checkpoint's state in entry ``cdiv(T, B)
+- 2`` only where that entry is a page (a longer table leaves it null, and nothing
+is written); and, when ``C`` ends on a block boundary, the state after ``C`` in the
+page of that boundary as well (``postprocess_mamba``'s copy), which is where the
+step's positional key will look for it. Every other page keeps its state, and
+with a table exactly as long as the step this is KV-MAMBA-014. Two kinds of
+page hold no state a key may name: a page that both the step's checkpoint (at a
+position before ``C``) and that copy reach, whose keys name the checkpoint now
+and the boundary later, and a page whose block boundary the committed tokens
+pass strictly inside the step. vLLM's scheduler produces neither -- drafts ride
+only on one real token a step, and prefill chunks obey KV-MAMBA-016 -- but an
+engine's caller may (kvoracle's own driver does), and they are then left
+unjudged.
 """
 
 from __future__ import annotations
@@ -346,7 +369,8 @@ KV_MAMBA_014 = rule(
     the state after p tokens into entry cdiv(T, B) - 2; it writes no other state page of the
     request. It starts from the state the previous step left in its running page (a request's
     first step: the hit's state page, entry (C - 1) // B for C computed tokens), so that page
-    and the pages it writes are real blocks of the table, never null or past its end.""",
+    and the pages it writes are real blocks of the table, never null or past its end. (A table
+    longer than the step, and steps with drafts: KV-MAMBA-018.)""",
     source="vllm/v1/worker/mamba_utils.py preprocess_mamba (prev_state_idx, curr_state_idx); "
            "vllm/model_executor/layers/mamba/checkpoint.py compute_mamba_prefill_checkpoints; "
            f"{STKV} MambaManager.allocate_new_blocks",
@@ -398,6 +422,32 @@ KV_MAMBA_017 = rule(
     judged_by=("manager",),
 )
 
+KV_MAMBA_018 = rule(
+    "KV-MAMBA-018",
+    "The runner finds a request's state at its table's running entry, not at the step's length",
+    """After an allocation that brings a request to T main tokens, its align-mode table of len
+    entries holds the running state in entry R = len - 1 - s (KV-MAMBA-013): cdiv(T, B) - 1,
+    unless the table is longer than the step needs (rejected drafts shrank T, and KV-MAMBA-004
+    left the table as it was). A step reads the state the previous step left (a request's first
+    step: the hit's state page) and leaves, for C committed tokens: the state after C in entry R;
+    a checkpoint exported at p (KV-MAMBA-006) in entry cdiv(T, B) - 2 where that entry is not
+    null (the state after p, or a draft's state for p > C); when C = jB, the state after C in
+    entry j - 1 too if it is another page (the boundary copy). Every other page keeps its state.
+    No state a key may name is left in a page both the checkpoint (p < C) and the boundary copy
+    reach, nor in a page whose block boundary lies strictly between the step's start and C; no
+    step of vLLM's scheduler makes either (drafts ride on one real token, prefill chunks keep
+    KV-MAMBA-016). vLLM 0.33.0's runner reads and writes entry cdiv(T, B) - 1 instead, the null
+    block in a longer table (docs/findings/mamba-runner-null-state.md).""",
+    source="vllm/v1/worker/mamba_utils.py preprocess_mamba (curr_state_idx from the step's length) / "
+           "postprocess_mamba_fused_kernel (the boundary copy); vllm/v1/attention/backends/utils.py "
+           f"mamba_get_block_table_tensor (\"the last 1 + num_speculative_blocks\"); {STKV} "
+           "MambaManager.allocate_new_blocks (early return on a longer table; last_state_block_idx = "
+           "prev_block_len - 1 - num_speculative_blocks)",
+    chapter=CHAPTER,
+    spec_only="a rule for the model runner that reads the manager's tables, not a behaviour of the manager: "
+              "the paged store's runner follows it and KV-MAMBA-014/015 judge the pages it writes (vLLM "
+              "0.33.0's runner reads by position instead, a finding); checked by the spec tests",
+)
 
 # -- the hit (KV-MAMBA-001, KV-MAMBA-002) ------------------------------------------------------
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
@@ -768,6 +818,137 @@ def states_written(num_tokens: int, block_size: int, checkpoint: int) -> tuple[t
         return ((running, num_tokens),)
     return ((running, num_tokens), (running - 1, checkpoint))
 
+
+# -- the runner's view of a table (KV-MAMBA-018) ------------------------------------------------
+#: A state in :func:`step_states`: none that a key may name (a draft's state, or a page two of a
+#: step's writes reach).
+NO_STATE = -1
+
+
+@icontract.require(lambda table_length, num_tokens, block_size, num_speculative_blocks:
+                   num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.require(lambda table_length, num_tokens, block_size, num_speculative_blocks:
+                   table_length >= num_required_entries(num_tokens, block_size, num_speculative_blocks),
+                   "an allocation leaves at least the entries the step needs (KV-MAMBA-004)", enabled=ENABLED)
+@icontract.ensure(lambda result, table_length, num_speculative_blocks:
+                  result + 1 + num_speculative_blocks == table_length,
+                  "KV-MAMBA-013: the first of the table's last 1 + s entries", enabled=ENABLED)
+@icontract.ensure(lambda result, table_length, num_tokens, block_size, num_speculative_blocks:
+                  (result == running_index(num_tokens, block_size))
+                  == (table_length == num_required_entries(num_tokens, block_size, num_speculative_blocks)),
+                  "the step's own running page exactly when the table is as long as the step", enabled=ENABLED)
+@defines(KV_MAMBA_018)
+def state_entry(table_length: int, num_tokens: int, block_size: int, num_speculative_blocks: int) -> int:
+    """The table entry holding a request's running state after an allocation to ``num_tokens``
+    main tokens left its table ``table_length`` entries long (a longer table than the step
+    needs: further right than :func:`running_index`)."""
+    return table_length - 1 - num_speculative_blocks
+
+
+def _one_state_per_page(result: tuple[tuple[int, int], ...]) -> bool:
+    return len({index for index, _ in result}) == len(result)
+
+
+def _step_ok(committed: int, num_tokens: int, block_size: int, num_speculative_blocks: int, checkpoint: int,
+             is_null: tuple[bool, ...], keyed_early: tuple[bool, ...]) -> bool:
+    """A step's arguments as :func:`step_states` and :func:`passed_pages` take them: the committed
+    tokens within the main tokens, the table at least as long as the step needs and not null at
+    its last 1 + s entries (KV-MAMBA-004, KV-MAMBA-013), a checkpoint inside the step with its page
+    before the running page (KV-MAMBA-006)."""
+    return (0 < committed <= num_tokens and block_size > 0 and num_speculative_blocks >= 0
+            and len(keyed_early) == len(is_null)
+            and len(is_null) >= num_required_entries(num_tokens, block_size, num_speculative_blocks)
+            and not any(is_null[len(is_null) - 1 - num_speculative_blocks:])
+            and (checkpoint == 0 or (0 < checkpoint < num_tokens and cdiv(num_tokens, block_size) >= 2)))
+
+
+@icontract.require(lambda is_null, keyed_early, committed, num_tokens, block_size, num_speculative_blocks,
+                   checkpoint: _step_ok(committed, num_tokens, block_size, num_speculative_blocks, checkpoint, is_null,
+                                        keyed_early), enabled=ENABLED)
+@icontract.ensure(lambda result, is_null, num_tokens, block_size, num_speculative_blocks, committed:
+                  result[0] == (state_entry(len(is_null), num_tokens, block_size, num_speculative_blocks), committed),
+                  "the running entry first, with the state after the committed tokens", enabled=ENABLED)
+@icontract.ensure(lambda result: _one_state_per_page(result), "one state per page", enabled=ENABLED)
+@icontract.ensure(lambda result, is_null: all(0 <= index < len(is_null) and not is_null[index] for index, _ in result),
+                  "only pages, never a null entry", enabled=ENABLED)
+@icontract.ensure(lambda result, committed, checkpoint: all(
+    count in (committed, checkpoint, NO_STATE) for _, count in result), enabled=ENABLED)
+@icontract.ensure(lambda result, checkpoint, committed: checkpoint <= committed or all(
+    count != checkpoint for _, count in result), "a checkpoint past the committed tokens is a draft's state",
+    enabled=ENABLED)
+@icontract.ensure(lambda result, is_null, committed, num_tokens, block_size, num_speculative_blocks, checkpoint:
+                  committed != num_tokens or len(is_null) != num_required_entries(num_tokens, block_size,
+                                                                                  num_speculative_blocks)
+                  or (checkpoint and is_null[checkpoint_index(num_tokens, block_size)])
+                  or result == states_written(num_tokens, block_size, checkpoint),
+                  "KV-MAMBA-014: a step without drafts over a table as long as it writes what states_written says",
+                  enabled=ENABLED)
+@defines(KV_MAMBA_018)
+def step_states(is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int, num_tokens: int,
+                block_size: int, num_speculative_blocks: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+    """``(table entry, state after that many tokens)`` for every page a step writes: the step
+    brought the request to ``committed`` computed tokens with ``num_tokens`` main tokens (drafts
+    included, all rejected) over a table whose entries are null where ``is_null`` says, and its
+    backend exported a checkpoint at ``checkpoint`` (0: none; :func:`exported_checkpoint`).
+    ``keyed_early`` says which entries hold an earlier step's checkpoint keyed before their
+    block boundary (:func:`keyed_before_boundary`).
+
+    The running entry comes first. :data:`NO_STATE` marks a page the step leaves without a
+    state a key may name: a checkpoint past the committed tokens (a draft's state), and a page
+    holding a checkpoint keyed before its boundary (this step's or an earlier one's) that the
+    boundary copy reaches -- its keys name the checkpoint now and the boundary later.
+    """
+    running = state_entry(len(is_null), num_tokens, block_size, num_speculative_blocks)
+    states = {running: committed}
+    target = checkpoint_index(num_tokens, block_size) if checkpoint else -1
+    if checkpoint and not is_null[target]:
+        states[target] = checkpoint if checkpoint <= committed else NO_STATE
+    boundary = committed // block_size - 1 if committed % block_size == 0 else -1
+    if boundary >= 0 and boundary != running and not is_null[boundary]:
+        early = keyed_early[boundary] or (boundary == target and checkpoint < committed)
+        states[boundary] = NO_STATE if early else committed
+    del states[running]
+    return ((running, committed), *sorted(states.items()))
+
+
+@icontract.require(lambda is_null, keyed_early, committed, num_tokens, block_size, num_speculative_blocks,
+                   checkpoint: _step_ok(committed, num_tokens, block_size, num_speculative_blocks, checkpoint, is_null,
+                                        keyed_early), enabled=ENABLED)
+@icontract.require(lambda start, committed: 0 <= start < committed, enabled=ENABLED)
+@icontract.ensure(lambda result: list(result) == sorted(set(result)), enabled=ENABLED)
+@icontract.ensure(lambda result, is_null, start, committed, block_size: all(
+    not is_null[i] and start < (i + 1) * block_size < committed for i in result), enabled=ENABLED)
+@icontract.ensure(lambda result, is_null, keyed_early, committed, num_tokens, block_size, num_speculative_blocks,
+                  checkpoint: not set(result) & {i for i, _ in step_states(is_null, keyed_early, committed, num_tokens,
+                                                                           block_size, num_speculative_blocks,
+                                                                           checkpoint)},
+                  "a page the step writes is not passed over", enabled=ENABLED)
+@icontract.ensure(lambda result, start, committed, block_size: not result
+                  or committed > (start // block_size + 1) * block_size,
+                  "a step that ends by its next block boundary passes no page", enabled=ENABLED)
+@defines(KV_MAMBA_018)
+def passed_pages(is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], start: int, committed: int,
+                 num_tokens: int, block_size: int, num_speculative_blocks: int, checkpoint: int) -> tuple[int, ...]:
+    """The pages whose block boundary a step from ``start`` to ``committed`` computed tokens
+    passed strictly inside it without writing them (:func:`step_states`): their positional key
+    (KV-MAMBA-011) would name a state they never held. Empty for every step vLLM's scheduler
+    makes (KV-MAMBA-016; one real token a step with or after drafts)."""
+    written = {index for index, _ in step_states(is_null, keyed_early, committed, num_tokens, block_size,
+                                                 num_speculative_blocks, checkpoint)}
+    return tuple(index for index in range(start // block_size, len(is_null))
+                 if start < (index + 1) * block_size < committed and not is_null[index] and index not in written)
+
+
+@icontract.require(lambda index, position, committed, block_size: index >= 0 and position >= 0 and committed > 0
+                   and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, position, committed: not result or 0 < position <= committed, enabled=ENABLED)
+@defines(KV_MAMBA_018)
+def keyed_before_boundary(index: int, position: int, committed: int, block_size: int) -> bool:
+    """Whether a step that wrote its checkpoint at ``position`` (0: none) into entry ``index``
+    left there a state keyed (KV-MAMBA-011: at most the committed tokens) before the entry's
+    block boundary, which the entry's positional key will name later. With several KV-cache
+    groups a checkpoint's position can lie before its page's boundary (KV-MAMBA-006)."""
+    return 0 < position <= committed and position < (index + 1) * block_size
 
 @icontract.require(lambda start, end, prefill_end, block_size: 0 <= start <= end and prefill_end >= 0
                    and block_size > 0, enabled=ENABLED)

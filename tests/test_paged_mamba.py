@@ -1,9 +1,14 @@
 """The Mamba state pages of the paged store (KV-MAMBA-014/015): a state per page, written as
-vLLM's model runner writes it, and judged where a hit reads it and while a page stays cached.
+vLLM's model runner writes it but found where KV-MAMBA-018 says it is, and judged where a hit
+reads it and while a page stays cached.
 
 Broken model runners -- one writing a step's state a page late, one ignoring the state the
 previous step left, one never writing the checkpoint -- are convicted under their rule on fixed
-cases and found by the suite on its own; the reference in the store passes."""
+cases and found by the suite on its own; the reference in the store passes. Three more are seen
+only since requests with a table longer than the step, or with drafts on several real tokens,
+stay in the model (KV-MAMBA-018): vLLM 0.33.0's runner, reading and writing the step's own
+running page; one that drops the boundary copy in a longer table; one that lets the boundary
+copy overwrite a checkpoint keyed before it."""
 
 from __future__ import annotations
 
@@ -11,13 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from kvoracle.conformance.engines.paged_mamba import AlignGroup, MambaStatePages, RunnerState
+from kvoracle.conformance.engines.paged_mamba import UNKNOWN_STATE, AlignGroup, MambaStatePages, RunnerState
 from kvoracle.conformance.engines.paged_store import PagedReferenceEngine
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation
-from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, NewStep, Schedule
+from kvoracle.conformance.steps import AddRequest, AppendTokens, ConfigureGroups, Free, NewStep, Schedule
+from kvoracle.gpu import torch
 from kvoracle.spec import data_integrity as data_spec
+from kvoracle.spec import mamba as mamba_spec
 
 #: An align-mode Mamba group alone: a page per two tokens, no speculative pages.
 MAMBA_ALONE = ConfigureGroups((("mamba", 2, 0),), hash_block_size=2, num_blocks=12, max_model_len=16,
@@ -40,8 +47,10 @@ ONE_CHUNK_WITH_A_CHECKPOINT = [MAMBA_WITH_CHECKPOINT, AddRequest("r0", (0, 1, 2,
 class OnePageLate(MambaStatePages):
     """Writes each state into the entry after the one it belongs to."""
 
-    def _targets(self, group: AlignGroup, committed: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
-        return tuple((index + 1, count) for index, count in super()._targets(group, committed, checkpoint))
+    def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
+                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+        return tuple((index + 1, count) for index, count in super()._targets(
+            group, is_null, keyed_early, committed, query_end, checkpoint))
 
 
 class StartsFromScratch(MambaStatePages):
@@ -54,9 +63,66 @@ class StartsFromScratch(MambaStatePages):
 class NoCheckpoint(MambaStatePages):
     """Never writes the prefill checkpoint the backend exports."""
 
-    def _targets(self, group: AlignGroup, committed: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
-        return super()._targets(group, committed, 0)
+    def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
+                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+        return super()._targets(group, is_null, keyed_early, committed, query_end, 0)
 
+
+#: The finding's steps (docs/findings/mamba-runner-null-state.md): full attention and Mamba,
+#: block 4, an 8-token prompt, one token with 8 drafts (T = 17), then one token at a time: the
+#: Mamba table [n, n, n, n, 7] is longer than the steps, whose own running entry is null.
+SHORTER_AFTER_DRAFTS = [
+    ConfigureGroups((("full", 4, 0), ("mamba", 4, 0)), hash_block_size=4, num_blocks=24, max_model_len=32,
+                    enable_caching=True),
+    AddRequest("r0", tuple(range(100, 108))), Schedule("r0", 8), AppendTokens("r0", (1,)), Schedule("r0", 1, 8),
+    AppendTokens("r0", (2,)), Schedule("r0", 1), AppendTokens("r0", (3,)), Schedule("r0", 1)]
+#: Mamba alone (block 4, one speculative page): after 9 tokens, one token with 7 drafts moves the
+#: running page to entry 4 and leaves page 2 (the state after 9) behind; two single tokens later
+#: the state after 12 belongs in page 2 too, which is then keyed at 12 and hit by r1.
+COPY_IN_LONGER_TABLE = [
+    ConfigureGroups((("mamba", 4, 1),), hash_block_size=4, num_blocks=16, max_model_len=32, enable_caching=True),
+    AddRequest("r0", tuple(range(100, 109))), Schedule("r0", 9), AppendTokens("r0", (1,)), Schedule("r0", 1, 7),
+    AppendTokens("r0", (2,)), Schedule("r0", 1), AppendTokens("r0", (3,)), Schedule("r0", 1), Free("r0"),
+    NewStep(), AddRequest("r1", (*range(100, 109), 1, 2, 3, 7)), Schedule("r1", 13)]
+#: Drafts on a whole prompt (the driver's last prefill chunk): Mamba block 2 beside full
+#: attention of 4, a checkpoint at 4 in entry 2, whose block boundary is 6 -- the committed tokens.
+#: The page is keyed at 4, and r1 hits it.
+DRAFTS_ON_A_PROMPT = [
+    ConfigureGroups((("mamba", 2, 0), ("full", 4, 0)), hash_block_size=2, num_blocks=20, max_model_len=16,
+                    enable_caching=True, mamba_checkpoint_blocks=1, mamba_checkpoint_alignment=1),
+    AddRequest("r0", (1, 2, 3, 4, 5, 6)), Schedule("r0", 6, 2), NewStep(),
+    AddRequest("r1", (1, 2, 3, 4, 9, 9)), Schedule("r1", 6)]
+
+
+class ByPosition(MambaStatePages):
+    """vLLM 0.33.0's runner: the state entry is the step's own running page, cdiv(T, B) - 1
+    (preprocess_mamba's curr_state_idx), not the table's running entry."""
+
+    def _running_entry(self, group: AlignGroup, table: torch.Tensor, query_end: int) -> int:
+        return mamba_spec.running_index(query_end, group.block_size)
+
+
+class NoCopyInLongerTable(MambaStatePages):
+    """In a table longer than the step writes the running entry only, never the boundary's page."""
+
+    def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
+                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+        states = super()._targets(group, is_null, keyed_early, committed, query_end, checkpoint)
+        longer = len(is_null) > mamba_spec.num_required_entries(query_end, group.block_size,
+                                                                group.num_speculative_blocks)
+        return states[:1] if longer else states
+
+
+class CopyOverCheckpoint(MambaStatePages):
+    """Lets the boundary copy overwrite a checkpoint keyed before the boundary (the order of
+    vLLM's forward pass and postprocess_mamba) instead of leaving the page without a state."""
+
+    def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
+                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+        boundary = committed // group.block_size - 1 if committed % group.block_size == 0 else -1
+        return tuple((index, committed if index == boundary and count == mamba_spec.NO_STATE else count)
+                     for index, count in super()._targets(group, is_null, keyed_early, committed, query_end,
+                                                          checkpoint))
 
 def _engine(pages: type[MambaStatePages]) -> type[PagedReferenceEngine]:
     return type(f"Broken{pages.__name__}", (PagedReferenceEngine,),
@@ -65,7 +131,12 @@ def _engine(pages: type[MambaStatePages]) -> type[PagedReferenceEngine]:
 
 BROKEN = [(OnePageLate, "KV-MAMBA-014", TWO_CHUNKS_THEN_A_HIT),
           (StartsFromScratch, "KV-MAMBA-015", TWO_CHUNKS_THEN_A_HIT),
-          (NoCheckpoint, "KV-MAMBA-015", ONE_CHUNK_WITH_A_CHECKPOINT)]
+          (NoCheckpoint, "KV-MAMBA-015", ONE_CHUNK_WITH_A_CHECKPOINT),
+          (ByPosition, "KV-MAMBA-014", SHORTER_AFTER_DRAFTS),
+          (NoCopyInLongerTable, "KV-MAMBA-015", COPY_IN_LONGER_TABLE),
+          (CopyOverCheckpoint, "KV-MAMBA-015", DRAFTS_ON_A_PROMPT)]
+#: Those that only the judging of longer tables and of drafts on several tokens sees (KV-MAMBA-018).
+SEEN_SINCE_018 = BROKEN[3:]
 
 
 def test_states_are_written_where_the_keys_say_and_a_hit_reads_them() -> None:
@@ -121,3 +192,57 @@ def test_broken_runners_are_found_by_the_suite(pages: type[MambaStatePages], rul
     failed = {r for r, o in result.verdicts.outcomes.items() if o.outcome in ("fail", "error")}
     assert failed == {rule_id}, failed
     assert list(tmp_path.glob("*.py")), "no replay file was written"
+
+
+def test_a_longer_table_keeps_the_request_in_the_model() -> None:
+    """The finding's steps: each shorter step reads and writes the table's running entry (page 7),
+    every step is judged, and the page holds the state after the request's committed tokens."""
+    verdicts = replay("hybrid-lifecycle", PagedReferenceEngine, SHORTER_AFTER_DRAFTS)
+    assert verdicts is not None and verdicts.outcomes["KV-MAMBA-014"].outcome == "pass"
+    engine = PagedReferenceEngine()
+    steps = SHORTER_AFTER_DRAFTS
+    engine.configure(steps[0].config())
+    engine.add_request("r0", steps[1].prompt)
+    for step in steps[2:]:
+        if isinstance(step, AppendTokens):
+            engine.append_tokens("r0", step.tokens)
+            continue
+        assert isinstance(step, Schedule)
+        engine.lookup("r0")
+        computed = engine.tracked["r0"].computed
+        assert engine.allocate("r0", step.num_new_tokens + step.num_draft_tokens, 0) is not None
+        engine.advance("r0", step.num_new_tokens)
+        checks = engine.tracked["r0"].step_check
+        assert checks == (("KV-MAMBA-014", True, ""),), (computed, checks)
+    table = engine.observe().block_tables["r0"][1]
+    assert engine.store is not None and engine.mamba is not None
+    assert list(table) == [0, 0, 0, 0, table[4]] and table[4]
+    assert int(engine.store.values[1][table[4], 0]) == engine.tracked["r0"].values[10]  # the state after 11
+
+
+def test_drafts_on_a_prompt_leave_the_conflicting_page_unjudged() -> None:
+    """A checkpoint keyed at 4 in a page whose boundary 6 the copy reaches holds no state a key may
+    name: the store marks it, r1's hit on it is not judged, and r1 leaves the model."""
+    replay("hybrid-lifecycle", PagedReferenceEngine, DRAFTS_ON_A_PROMPT)
+    engine = PagedReferenceEngine()
+    engine.configure(DRAFTS_ON_A_PROMPT[0].config())
+    engine.add_request("r0", DRAFTS_ON_A_PROMPT[1].prompt)
+    assert engine.allocate("r0", 8, 0) is not None
+    engine.advance("r0", 6)
+    table = engine.observe().block_tables["r0"][0]
+    assert engine.store is not None
+    states = [int(engine.store.values[0][block, 0]) for block in table]
+    assert states[2] == UNKNOWN_STATE and states[3] == engine.tracked["r0"].values[5], (table, states)
+
+
+@pytest.mark.parametrize(("pages", "rule_id", "steps"), SEEN_SINCE_018, ids=[b[0].__name__ for b in SEEN_SINCE_018])
+def test_runners_seen_only_since_the_runner_view(pages: type[MambaStatePages], rule_id: str,
+                                                 steps: list[object]) -> None:
+    """Their case is one the store left out of the model before KV-MAMBA-018 (a table longer than
+    the step, drafts on several real tokens): the correct runner judges the request there and
+    passes, the broken one is convicted."""
+    verdicts = replay("hybrid-lifecycle", PagedReferenceEngine, steps)
+    assert verdicts is not None and verdicts.outcomes["KV-MAMBA-014"].checks > 0
+    with pytest.raises(RuleViolation) as caught:
+        replay("hybrid-lifecycle", _engine(pages), steps)
+    assert caught.value.rule_id == rule_id, caught.value

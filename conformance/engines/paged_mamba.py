@@ -1,31 +1,34 @@
 """The Mamba state pages of the paged store: KV-MAMBA-014 and KV-MAMBA-015 (spec chapter 8).
 
 An align-mode Mamba group keeps one state per page instead of a slot per token. The store
-plays vLLM's model runner for it (``vllm/v1/worker/mamba_utils.py``):
+plays the model runner for it, as vLLM's runner does (``vllm/v1/worker/mamba_utils.py``)
+but finding the state where KV-MAMBA-018 says it is:
 
-* a step starts from the state where the previous step left it -- the page the runner
+* a step starts from the state where the previous step left it -- the entry the runner
   remembers for the request, or, for a request's first step, entry ``(C - 1) // B`` of its
   table (the hit's state page; no state at all when nothing is computed);
 * it computes the state after the step's committed tokens by chaining the request's tokens
   into that state (``data_integrity.slot_value``, the stand-in recurrence: a state read
   from the wrong page yields a wrong state, and stays wrong);
-* it writes the pages :func:`kvoracle.spec.mamba.states_written` names: the running page
-  and, where the backend exports one (``checkpoint_exportable``, decided from the chunk as
-  the backend decides it, not from the table), the checkpoint's page. Every slot of a page
-  holds the page's state.
+* it writes the pages :func:`kvoracle.spec.mamba.step_states` names: the table's running
+  entry (``len - 1 - s``, which is the step's own running page unless rejected drafts left the
+  table longer than the step), the checkpoint's page where the backend exports one
+  (``exported_checkpoint``, decided from the chunk as the backend decides it, not from the
+  table) and the page of a block boundary the committed tokens reached (``postprocess_mamba``'s
+  copy). Every slot of a page holds the page's state. Over a table as long as a step without
+  drafts that is :func:`~kvoracle.spec.mamba.states_written` (KV-MAMBA-014).
 
 A page cached under the key of a prefix of ``P`` tokens must hold the state after ``P``
 tokens (KV-MAMBA-015), when a hit offers it and for as long as it stays cached.
 
-Draft tokens are always rejected in kvoracle's steps. A step with drafts leaves the state after
-its committed tokens in its running page (the drafts' states go to the speculative pages,
-which nothing caches) and copies it to the page of a block boundary the committed tokens reached
-(``postprocess_mamba``); a checkpoint past the committed tokens holds a draft's state,
-:data:`UNKNOWN_STATE`. After rejected drafts a step can be shorter than the last one, and the
-table longer than it needs: there vLLM's runner reads by position and KV-MAMBA-013 from the
-table's end (``docs/findings/mamba-runner-null-state.md``), so such a request -- and one that
-starts from a page holding :data:`UNKNOWN_STATE` -- leaves the model: it writes that marker from
-then on, and pages holding it are not judged.
+Draft tokens are always rejected in kvoracle's steps: a checkpoint past the committed tokens
+holds a draft's state. That page, a page holding a checkpoint keyed before its block boundary
+that the boundary copy reaches, and a page whose block boundary a step passed without writing
+it (drafts on several real tokens, or several real tokens right after a step with drafts: the
+suite's driver sends both, vLLM's scheduler neither) hold no state a key may name
+(``NO_STATE``): they are written :data:`UNKNOWN_STATE` and not judged. The request itself
+stays in the model; one that starts from a page holding :data:`UNKNOWN_STATE` (a hit on such a
+page) leaves it, and every page it holds is marked from then on.
 """
 
 from __future__ import annotations
@@ -93,14 +96,14 @@ class RunnerState:
 
     #: Group id -> the table entry holding the request's current state.
     state_index: dict[int, int] = attrs.Factory(dict)
-    #: Whether the request's states left the model (a table longer than a step, drafts on
-    #: several real tokens or several real tokens right after drafts, an unknown start page):
-    #: written as UNKNOWN_STATE from then on.
+    #: Whether the request's states left the model (a step that started from a page holding
+    #: UNKNOWN_STATE, or a page the step needs missing): written as UNKNOWN_STATE from then on.
     unknown: bool = False
-    #: Whether its last step had drafts.
-    drafted: bool = False
     #: The groups whose pages were marked UNKNOWN_STATE when the request left the model.
     forgotten: set[int] = attrs.Factory(set)
+    #: Group id -> the pages holding a checkpoint keyed before their block boundary
+    #: (``spec.mamba.keyed_before_boundary``), by block id.
+    keyed_early: dict[int, set[int]] = attrs.Factory(dict)
 
 
 class MambaStatePages:
@@ -129,9 +132,21 @@ class MambaStatePages:
         """The entry a step starting after ``start`` tokens reads its state from (-1: none yet)."""
         return runner.state_index.get(group.group_id, (start - 1) // group.block_size if start else -1)
 
-    def _targets(self, group: AlignGroup, committed: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
-        """(entry, state after that many tokens) a step without drafts writes (KV-MAMBA-014)."""
-        return mamba_spec.states_written(committed, group.block_size, checkpoint)
+    def _running_entry(self, group: AlignGroup, table: torch.Tensor, query_end: int) -> int:
+        """The entry holding the request's state after the step: KV-MAMBA-018's running entry
+        (where the table is too short for the step, the step's own running page, past the end)."""
+        required = mamba_spec.num_required_entries(query_end, group.block_size, group.num_speculative_blocks)
+        if table.numel() < required:
+            return mamba_spec.running_index(query_end, group.block_size)
+        return mamba_spec.state_entry(table.numel(), query_end, group.block_size, group.num_speculative_blocks)
+
+    def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
+                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+        """(entry, state after that many tokens, or ``NO_STATE``) for every page the step writes
+        (KV-MAMBA-018; over a table as long as a step without drafts, KV-MAMBA-014's
+        ``states_written``)."""
+        return mamba_spec.step_states(is_null, keyed_early, committed, query_end, group.block_size,
+                                      group.num_speculative_blocks, checkpoint)
 
     def forget(self, request_id: str) -> None:
         """A finished or preempted request: its next step starts from its table again."""
@@ -141,28 +156,14 @@ class MambaStatePages:
              start: int, committed: int, scheduled: int) -> list[Check]:
         """The step from ``start`` computed tokens to ``committed`` ran with ``scheduled`` tokens
         (drafts included, all rejected): read each group's state, chain the committed tokens in,
-        write the pages. Returns the KV-MAMBA-014 verdicts: every page the step reads or writes
-        is a real one."""
+        write the pages KV-MAMBA-018 names. Returns the KV-MAMBA-014 verdicts: every page the
+        step reads or must write is a real one."""
         runner = self.requests.setdefault(request_id, RunnerState())
         query_end = start + scheduled
-        drafts = scheduled > committed - start
         judged = not runner.unknown
         checks: list[Check] = []
         for group in self.groups:
             table = tables[group.group_id]
-            if (drafts or runner.drafted) and committed - start > 1:
-                # Several real tokens with drafts (the driver's last prefill chunk), or right after
-                # a step with drafts: vLLM's scheduler sends neither (update_draft_token_ids drops
-                # drafts of prefill chunks, and a drafting request decodes one token a step). There
-                # the runner's boundary copy can land on the step's checkpoint page, and the page
-                # the drafts' step ran in can be keyed at a position whose state it never held.
-                runner.unknown = True
-            if table.numel() > mamba_spec.num_required_entries(query_end, group.block_size,
-                                                               group.num_speculative_blocks):
-                # After rejected drafts the table is longer than the step: vLLM's runner reads
-                # by position there and KV-MAMBA-013 from the table's end
-                # (docs/findings/mamba-runner-null-state.md); the request leaves the model.
-                runner.unknown = True
             source = self._source(runner, group, start)
             if source < 0:
                 state: int | None = data_spec.prefix_seed(salt)
@@ -175,7 +176,7 @@ class MambaStatePages:
                         f"its table {table.tolist()}")))
                     runner.unknown = True
             if state == UNKNOWN_STATE:
-                runner.unknown = True
+                runner.unknown = True  # a hit on a page kvoracle does not model
             if runner.unknown and group.group_id not in runner.forgotten:
                 # Leaving the model: any page the request holds may be keyed later, and what it
                 # holds is no longer known.
@@ -183,59 +184,76 @@ class MambaStatePages:
                 for index in range(table.numel()):
                     if self._read(group, table, index) is not None:
                         self._write(group, table, index, UNKNOWN_STATE)
-            running = mamba_spec.running_index(query_end, group.block_size)
-            checkpoint = group.checkpoint(start, query_end)
-            if runner.unknown:
-                writes = self._unknown_writes(group, query_end, committed, checkpoint)
-            else:
-                assert state is not None
-                states: dict[int | None, int] = {start: state, None: UNKNOWN_STATE}
-                for position in range(start, committed):
-                    state = data_spec.slot_value(state, tokens[position], position)
-                    states[position + 1] = state
-                if drafts:
-                    writes = self._draft_writes(group, query_end, committed, checkpoint)
-                else:
-                    writes = list(self._targets(group, committed, checkpoint))
-                writes = [(index, count, states[count]) for index, count in writes]
-            for index, count, value in writes:
-                if self._read(group, table, index) is None:
-                    copy_only = drafts and index != running and not (
-                        checkpoint and index == mamba_spec.checkpoint_index(query_end, group.block_size))
-                    # (postprocess_mamba's copy into a null entry goes to the null block, which no
-                    # one reads as a state: not a page the request relies on)
-                    if not runner.unknown and count is not None and not copy_only:
-                        checks.append((KV_MAMBA_014, False, (
-                            f"{request_id}'s step to {query_end} tokens writes the state after {count} tokens "
-                            f"into entry {index} of group {group.group_id}, which is "
-                            f"{'null' if index < table.numel() else 'past the end'} in its table {table.tolist()}")))
-                    continue
-                self._write(group, table, index, value)
+            running = self._running_entry(group, table, query_end)
             runner.state_index[group.group_id] = running
-        runner.drafted = drafts
+            checkpoint = group.checkpoint(start, query_end)
+            missing = self._missing_page(group, table, running, committed, query_end, checkpoint)
+            if missing is not None:
+                if not runner.unknown:
+                    index, count = missing
+                    what = "a draft's state" if count == mamba_spec.NO_STATE else f"the state after {count} tokens"
+                    checks.append((KV_MAMBA_014, False, (
+                        f"{request_id}'s step to {query_end} tokens writes {what} into "
+                        f"entry {index} of group {group.group_id}, which is "
+                        f"{'null' if index < table.numel() else 'past the end'} in its table {table.tolist()}")))
+                runner.unknown = True
+                continue
+            blocks = [int(block) for block in table.tolist()]
+            is_null = tuple(block == 0 for block in blocks)
+            early_blocks = runner.keyed_early.setdefault(group.group_id, set())
+            early_blocks &= set(blocks)
+            keyed_early = tuple(block in early_blocks for block in blocks)
+            # Pages whose boundary the step passed without writing them hold no state a key names
+            # (decided by the rule, not by what this runner writes).
+            passed = mamba_spec.passed_pages(is_null, keyed_early, start, committed, query_end, group.block_size,
+                                             group.num_speculative_blocks, checkpoint)
+            for index in passed:
+                self._write(group, table, index, UNKNOWN_STATE)
+            targets = self._targets(group, is_null, keyed_early, committed, query_end, checkpoint)
+            target = mamba_spec.checkpoint_index(query_end, group.block_size) if checkpoint else -1
+            for index, count in targets:
+                if 0 <= index < len(blocks):
+                    early = index == target and count == checkpoint and mamba_spec.keyed_before_boundary(
+                        index, checkpoint, committed, group.block_size)
+                    (early_blocks.add if early else early_blocks.discard)(blocks[index])
+            if runner.unknown:
+                for index, _ in targets:
+                    self._write(group, table, index, UNKNOWN_STATE)
+                continue
+            assert state is not None
+            states = {start: state, mamba_spec.NO_STATE: UNKNOWN_STATE}
+            for position in range(start, committed):
+                state = data_spec.slot_value(state, tokens[position], position)
+                states[position + 1] = state
+            for index, count in targets:
+                if not 0 <= index < table.numel() or is_null[index]:
+                    checks.append((KV_MAMBA_014, False, (
+                        f"{request_id}'s step to {query_end} tokens writes the state after {count} tokens "
+                        f"into entry {index} of group {group.group_id}, which is "
+                        f"{'null' if index < table.numel() else 'past the end'} in its table {table.tolist()}")))
+                    runner.unknown = True
+                    continue
+                self._write(group, table, index, states[count])
         if judged and not runner.unknown and not checks:
             checks.append((KV_MAMBA_014, True, ""))
         return checks
 
-    def _draft_writes(self, group: AlignGroup, query_end: int, committed: int, checkpoint: int
-                      ) -> list[tuple[int, int | None]]:
-        """(entry, state after that many tokens) a step with rejected drafts leaves: the state after
-        its committed tokens in the running page (``preprocess_mamba``'s running entry; the drafts'
-        states go to the speculative pages), copied to the page of the block boundary it reached
-        (``postprocess_mamba``); a checkpoint past the committed tokens holds a draft's state."""
-        writes: list[tuple[int, int | None]] = [(mamba_spec.running_index(query_end, group.block_size), committed)]
-        if checkpoint:  # None: a draft's state, not modelled
-            writes.append((mamba_spec.checkpoint_index(query_end, group.block_size),
-                           checkpoint if checkpoint <= committed else None))
-        if committed % group.block_size == 0 and committed // group.block_size - 1 != writes[0][0]:
-            writes.append((committed // group.block_size - 1, committed))
-        return writes
-
-    def _unknown_writes(self, group: AlignGroup, query_end: int, committed: int, checkpoint: int
-                        ) -> list[tuple[int, int | None, int]]:
-        """The pages a step of a request out of the model may write, marked as not modelled."""
-        indices = {index for index, _ in self._draft_writes(group, query_end, committed, checkpoint)}
-        return [(index, None, UNKNOWN_STATE) for index in sorted(indices)]
+    def _missing_page(self, group: AlignGroup, table: torch.Tensor, running: int, committed: int, query_end: int,
+                      checkpoint: int) -> tuple[int, int] | None:
+        """(entry, state after that many tokens) of a page the step must write that the table
+        lacks: its running entry or a speculative one (the runner's kernels take the table's last
+        1 + s entries, KV-MAMBA-013), or, in a table as long as the step, the checkpoint's entry,
+        for which the manager reserves a page (KV-MAMBA-006; a longer table keeps it null,
+        KV-MAMBA-018). ``None`` when none is missing."""
+        last = running + group.num_speculative_blocks
+        for index in range(running, last + 1):
+            if not 0 <= index < table.numel() or int(table[index]) == 0:
+                return index, committed if index == running else mamba_spec.NO_STATE
+        required = mamba_spec.num_required_entries(query_end, group.block_size, group.num_speculative_blocks)
+        index = mamba_spec.checkpoint_index(query_end, group.block_size)
+        if checkpoint and table.numel() == required and int(table[index]) == 0:
+            return index, checkpoint
+        return None
 
     # -- the checks ----------------------------------------------------------------------
     def check_hit(self, request_id: str, hit_tokens: int, hit_blocks: Sequence[Sequence[int]],
