@@ -149,8 +149,9 @@ not by the step's length, as vLLM 0.33.0's runner does (it reads and writes the
 null block there: ``docs/findings/mamba-runner-null-state.md``). A step reads the
 state the previous step left, and leaves: the state after its committed tokens
 ``C`` in that running entry; an exported checkpoint's state in entry ``cdiv(T, B)
-- 2`` only where that entry is a page (a longer table leaves it null, and nothing
-is written); and, when ``C`` ends on a block boundary, the state after ``C`` in the
+- 2`` only where that entry is a page (the manager gives it one only where the
+table grows past it: a table that was longer leaves it null, and nothing is
+written); and, when ``C`` ends on a block boundary, the state after ``C`` in the
 page of that boundary as well (``postprocess_mamba``'s copy), which is where the
 step's positional key will look for it. Every other page keeps its state, and
 with a table exactly as long as the step this is KV-MAMBA-014. Two kinds of
@@ -431,7 +432,8 @@ KV_MAMBA_018 = rule(
     left the table as it was). A step reads the state the previous step left (a request's first
     step: the hit's state page) and leaves, for C committed tokens: the state after C in entry R;
     a checkpoint exported at p (KV-MAMBA-006) in entry cdiv(T, B) - 2 where that entry is not
-    null (the state after p, or a draft's state for p > C); when C = jB, the state after C in
+    null (the state after p, or a draft's state for p > C; the manager gives the entry a page
+    only where the table grows past it); when C = jB, the state after C in
     entry j - 1 too if it is another page (the boundary copy). Every other page keeps its state.
     No state a key may name is left in a page both the checkpoint (p < C) and the boundary copy
     reach, nor in a page whose block boundary lies strictly between the step's start and C; no

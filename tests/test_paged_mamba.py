@@ -246,3 +246,20 @@ def test_runners_seen_only_since_the_runner_view(pages: type[MambaStatePages], r
     with pytest.raises(RuleViolation) as caught:
         replay("hybrid-lifecycle", _engine(pages), steps)
     assert caught.value.rule_id == rule_id, caught.value
+
+
+def test_a_checkpoint_entry_the_table_does_not_grow_past_stays_null() -> None:
+    """vLLM 0.33.0's paged run, seed 1, found the store's first KV-MAMBA-018 version too strict: a
+    step of one token with 12 drafts grew the Mamba table to [1, n, n, 3]; two steps later one
+    with 8 drafts (T = 13) needs exactly those four entries and exports a checkpoint at 8 into
+    entry 2, which the manager leaves null (it takes a page only where the table grows past it).
+    No page, no checkpoint write -- and no KV-MAMBA-014 failure, on both engines."""
+    steps = [ConfigureGroups((("mamba", 4, 0), ("sliding_window", 4, 1)), hash_block_size=4, num_blocks=8,
+                             max_model_len=16, use_eagle=True, enable_caching=True, mamba_checkpoint_blocks=1,
+                             mamba_checkpoint_alignment=1),
+             AddRequest("r0", (0, 0)), Schedule("r0", 1), AddRequest("r1", (0, 0)), Schedule("r1", 1),
+             Schedule("r0", 2), AppendTokens("r0", (0,)), Schedule("r0", 1, 12), AppendTokens("r0", (0,)),
+             Schedule("r0", 1, 0, 1), AppendTokens("r0", (0,)), Schedule("r0", 1, 8)]
+    verdicts = replay("hybrid-lifecycle", PagedReferenceEngine, steps)
+    assert verdicts is not None and verdicts.outcomes["KV-MAMBA-014"].outcome == "pass"
+    assert verdicts.outcomes["KV-MAMBA-014"].checks > 0

@@ -240,19 +240,14 @@ class MambaStatePages:
 
     def _missing_page(self, group: AlignGroup, table: torch.Tensor, running: int, committed: int, query_end: int,
                       checkpoint: int) -> tuple[int, int] | None:
-        """(entry, state after that many tokens) of a page the step must write that the table
-        lacks: its running entry or a speculative one (the runner's kernels take the table's last
-        1 + s entries, KV-MAMBA-013), or, in a table as long as the step, the checkpoint's entry,
-        for which the manager reserves a page (KV-MAMBA-006; a longer table keeps it null,
-        KV-MAMBA-018). ``None`` when none is missing."""
-        last = running + group.num_speculative_blocks
-        for index in range(running, last + 1):
+        """(entry, state after that many tokens, or ``NO_STATE`` for a draft's) of a page the step
+        must write that the table lacks: its running entry or a speculative one (the runner's
+        kernels take the table's last 1 + s entries, KV-MAMBA-013). ``None`` when none is missing.
+        (A checkpoint's entry may be null: the manager gives it a page only where the table grows
+        past it, and KV-MAMBA-018 writes no checkpoint there.)"""
+        for index in range(running, running + group.num_speculative_blocks + 1):
             if not 0 <= index < table.numel() or int(table[index]) == 0:
                 return index, committed if index == running else mamba_spec.NO_STATE
-        required = mamba_spec.num_required_entries(query_end, group.block_size, group.num_speculative_blocks)
-        index = mamba_spec.checkpoint_index(query_end, group.block_size)
-        if checkpoint and table.numel() == required and int(table[index]) == 0:
-            return index, checkpoint
         return None
 
     # -- the checks ----------------------------------------------------------------------
