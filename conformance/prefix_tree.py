@@ -10,7 +10,9 @@ Built-in engines: ``reference`` (kvoracle's :class:`~kvoracle.reference.prefix_t
 and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency), ``sglang``
 (SGLang 0.5.23's ``RadixCache`` with its token allocators, segment recency;
 ``scripts/install_sglang.sh``), and ``sglang-unified`` / ``sglang-unified-rust`` (its
-``UnifiedRadixCache``, FULL component only, over the Python or the Rust tree core); and each
+``UnifiedRadixCache``, FULL component only, over the Python or the Rust tree core),
+``sglang-unified-mamba`` / ``sglang-unified-mamba-rust`` (its FULL and MAMBA components: a state
+component, KV-TREE-022 .. 027; :mod:`.engines.sglang_mamba`); and each
 of them in a paged KV store that SGLang's model runner writes through the engine's slot
 indices, judged by the data rules KV-DATA-001 .. 004 as well (``paged-reference``,
 ``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``;
@@ -37,6 +39,7 @@ from .prefix_tree_protocol import (
     Checkpoint,
     Compute,
     Evict,
+    EvictStates,
     EvictWindow,
     Finish,
     PageView,
@@ -47,8 +50,8 @@ from .prefix_tree_protocol import (
     TreeView,
 )
 
-__all__ = ["Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictWindow", "Finish", "PageView", "Peek",
-           "PrefixTreeAdapter", "ReferencePrefixTree", "Serve", "TreeSetup", "TreeView"]
+__all__ = ["Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictStates", "EvictWindow", "Finish", "PageView",
+           "Peek", "PrefixTreeAdapter", "ReferencePrefixTree", "Serve", "TreeSetup", "TreeView"]
 
 
 class ReferencePrefixTree:
@@ -70,15 +73,20 @@ class ReferencePrefixTree:
     window_component = True
     #: ... and runs without one too (setups draw ``window = 0`` half of the time).
     window_optional = True
+    #: It takes a state component (``TreeSetup.states``; KV-TREE-022 .. 027) where it has no window.
+    state_component = True
 
     def configure(self, setup: TreeSetup) -> None:
         self.allocator = PageAllocator(setup.num_pages, setup.page_size)
-        self.tree = PrefixTree(setup.page_size, window=setup.window)
+        self.tree = PrefixTree(setup.page_size, window=setup.window, states=setup.states > 0)
         self.found, self.locked = {}, {}
         self.own: dict[int, int] = {}
         #: Window slots in use outside the cache: one per slot allocated and not yet freed.
         self.window_capacity = setup.num_pages * setup.page_size
         self.window_used = 0
+        #: State slots: the free ones (an insertion takes one and gives it back when the cache keeps its own).
+        self.state_capacity = setup.states
+        self.states_free = setup.states
 
     def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
         assert self.tree is not None
@@ -101,7 +109,14 @@ class ReferencePrefixTree:
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
         assert self.tree is not None
+        states = self.tree.state_count()
+        if self.tree.states:
+            if self.states_free < 1:
+                raise ValueError("KV-TREE-027: no free state slot for the insertion's state")
+            self.states_free -= 1
         held = self.tree.insert(namespace, tokens, slots, own=self.own.get(handle, 0))
+        if self.tree.states:
+            self.states_free += 1 - (self.tree.state_count() - states)
         self.found[handle] = self.tree.page_keys(namespace, tokens)
         self.own[handle] = len(self.found[handle]) * self.tree.page_size
         return held
@@ -117,10 +132,23 @@ class ReferencePrefixTree:
     def evict(self, num_tokens: int) -> int:
         assert self.tree is not None and self.allocator is not None
         pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
+        states = self.tree.state_count()
         removed = self.tree.evict(num_tokens)
         for key in removed:
             self.allocator.free(pages[key])
+        self.states_free += states - self.tree.state_count()
         return len(removed) * self.tree.page_size
+
+    def evict_states(self, num_states: int) -> int:
+        """Drop states (KV-TREE-024): the reference's oldest-first order, sparing the locked paths' ends."""
+        assert self.tree is not None and self.allocator is not None
+        pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
+        protected = {key for path in self.locked.values() for key in self.tree.state_locked(path)}
+        dropped, removed = self.tree.evict_states(num_states, protected)
+        for key in removed:
+            self.allocator.free(pages[key])
+        self.states_free += len(dropped)
+        return len(dropped)
 
     def evict_window(self, num_tokens: int) -> int:
         """Drop window KV (KV-TREE-018): the reference's oldest-first order, sparing locked windows."""
@@ -142,9 +170,14 @@ class ReferencePrefixTree:
 
     def observe(self) -> TreeView:
         assert self.tree is not None and self.allocator is not None
-        pages = tuple(PageView(ns, tokens, page.slots, page.locks, page.windowed)
+        pages = tuple(PageView(ns, tokens, page.slots, page.locks, page.windowed, page.state)
                       for (ns, tokens), page in self.tree.pages.items())
         evictable, protected = self.tree.sizes()
+        if self.tree.states:
+            ends = {key for path in self.locked.values() for key in self.tree.state_locked(path)}
+            locked_states = sum(1 for key in ends if self.tree.pages[key].state)
+            return TreeView(pages, evictable, protected, self.allocator.available(), state_free=self.states_free,
+                            state_evictable=self.tree.state_count() - locked_states, state_protected=locked_states)
         if not self.tree.window:
             return TreeView(pages, evictable, protected, self.allocator.available())
         size = self.tree.page_size
@@ -161,8 +194,23 @@ class ReferencePrefixTree:
 #: The rules of a cache with a window component (chapter 14, KV-TREE-016 .. 021).
 WINDOW_RULES = tuple(f"KV-TREE-{n:03d}" for n in range(16, 22))
 
+#: The rules of a cache with a state component (chapter 14, KV-TREE-022 .. 027).
+MAMBA_RULES = tuple(f"KV-TREE-{n:03d}" for n in range(22, 28))
+
 #: The engines in a paged KV store (:mod:`.engines.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
 _STORE = "kvoracle.conformance.engines.prefix_tree_store"
+
+def _exclusions(probe: object) -> dict[str, str]:
+    """The rules of a component the engine lacks: not applicable."""
+    excluded: dict[str, str] = {}
+    if not getattr(probe, "window_component", False):
+        excluded.update(dict.fromkeys(WINDOW_RULES, "the engine has no window component (window_component), the "
+                                                    "only caches these rules are about"))
+    if not getattr(probe, "state_component", False):
+        excluded.update(dict.fromkeys(MAMBA_RULES, "the engine has no state component (state_component), the only "
+                                                   "caches these rules are about"))
+    return excluded
+
 
 #: The prefix-tree suite, registered with the harness.
 PREFIX_TREE = register_suite(SuiteDef(
@@ -182,9 +230,9 @@ PREFIX_TREE = register_suite(SuiteDef(
              "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust",
              "paged-sglang-unified-swa": f"{_STORE}:PagedSGLangUnifiedSWA",
              "paged-sglang-unified-swa-rust": f"{_STORE}:PagedSGLangUnifiedSWARust",
+             "sglang-unified-mamba": "kvoracle.conformance.engines.sglang_mamba:SGLangUnifiedMamba",
+             "sglang-unified-mamba-rust": "kvoracle.conformance.engines.sglang_mamba:SGLangUnifiedMambaRust",
              "sglang-unified-swa": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWA",
              "sglang-unified-swa-rust": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWARust"},
     machine_options=machine_options,
-    exclusions=lambda probe: {} if getattr(probe, "window_component", False) else dict.fromkeys(
-        WINDOW_RULES, "the engine has no window component (window_component), the only caches these rules "
-                      "are about")))
+    exclusions=lambda probe: _exclusions(probe)))

@@ -45,6 +45,7 @@ from .prefix_tree_protocol import (
     Checkpoint,
     Compute,
     Evict,
+    EvictStates,
     EvictWindow,
     Finish,
     Peek,
@@ -122,7 +123,7 @@ class TreeDriver(Driver):
         self.setup = step
         recency = self.verdicts.capabilities.tree_recency
         self.model = PrefixTree(step.page_size, recency if recency in spec.RECENCY_MODES else spec.PAGE_RECENCY,
-                                window=step.window)
+                                window=step.window, states=step.states > 0)
         self._judge_state(self._observe(), "KV-TREE-010")
 
     def _Arrive(self, step: Arrive) -> None:
@@ -206,6 +207,9 @@ class TreeDriver(Driver):
     def _EvictWindow(self, step: EvictWindow) -> None:
         self._evict_window(step.num_tokens)
 
+    def _EvictStates(self, step: EvictStates) -> None:
+        self._evict_states(step.num_states)
+
     # -- operations shared by steps ----------------------------------------------------------------
     def _look_up(self, handle: int, namespace: int, tokens: tuple[int, ...]) -> tuple[int, tuple[int, ...]]:
         """``match`` on the engine and the model; judges the hit (KV-TREE-001 .. 004)."""
@@ -216,6 +220,7 @@ class TreeDriver(Driver):
             self._judge_data(self._observe())
         window = self.model.window
         flags = self.model.window_flags(namespace, tokens)
+        states = self.model.state_flags(namespace, tokens)
         want_held = spec.longest_held_prefix(self.model.held_flags(namespace, tokens), len(tokens), self.page_size)
         want, want_slots = self.model.match(namespace, tokens)
         check = self.verdicts.check
@@ -237,12 +242,18 @@ class TreeDriver(Driver):
             check("KV-TREE-016", hit > want_held or spec.window_hit_ok(flags, hit, window, self.page_size), lambda: (
                 f"match answered a hit of {hit} tokens, but the window KV of its last {min(hit, window)} tokens "
                 f"is not all held (pages with window KV: {list(flags)}, window {window}); {detail}"))
-        # With a window, a hit shorter than the held prefix is KV-TREE-017's; else KV-TREE-003's.
-        longest = "KV-TREE-003" if want == want_held else "KV-TREE-017"
+        if self.model.states:
+            check("KV-TREE-022", hit > want_held or spec.state_hit_ok(states, hit, self.page_size), lambda: (
+                f"match answered a hit of {hit} tokens, but its last page holds no state (pages with a state: "
+                f"{list(states)}); {detail}"))
+        # With a window (a state component), a hit shorter than the held prefix is KV-TREE-017's (023's);
+        # else KV-TREE-003's.
+        longest = "KV-TREE-003" if want == want_held else "KV-TREE-017" if window else "KV-TREE-023"
         check(longest, hit == want, lambda: (
             f"match answered a hit of {hit} tokens; the cache holds the request's first {want_held} tokens "
             f"(held pages {list(self.model.held_flags(namespace, tokens))})"
             + (f", with window KV on pages {list(flags)} (window {window}): the hit is {want}" if window else "")
+            + (f", with a state on pages {list(states)}: the hit is {want}" if self.model.states else "")
             + f"; {detail}"))
         check("KV-TREE-002", slots == want_slots, lambda: (
             f"match answered slots {list(slots)}; the cache holds those pages in slots {list(want_slots)}; {detail}"))
@@ -262,6 +273,11 @@ class TreeDriver(Driver):
         assert self.model is not None
         size = self.page_size
         aligned = len(req.tokens) // size * size
+        if self.model.states and self.state_free() < 1:
+            # The insertion gives the cache a state from a slot of the adapter's own: the scheduler
+            # evicts one first when none is free (SGLang's _alloc_mamba_slot does the same). The
+            # setups draw more state slots than requests can lock, so one is evictable.
+            self._evict_states(1)
         held = self.call("insert", handle, req.namespace, req.tokens, tuple(req.row[:len(req.tokens)]),
                          rule="KV-TREE-012")
         locks = {key: page.locks for key, page in self.model.pages.items()}
@@ -406,6 +422,62 @@ class TreeDriver(Driver):
         model.drop_window([key for key in dropped if key not in removed])
         self._judge_state(view, "KV-TREE-018")
 
+    def state_guarded(self) -> set[PageKey]:
+        """The pages whose state a held lock protects (KV-TREE-025)."""
+        assert self.model is not None
+        return {key for req in self.requests.values() for key in self.model.state_locked(req.locked)}
+
+    def state_free(self) -> int:
+        """The state slots the model has free (requests hold none between steps)."""
+        assert self.setup is not None and self.model is not None
+        return self.setup.states - self.model.state_count()
+
+    def _evict_states(self, num_states: int) -> None:
+        """``evict_states(num_states)``, judged (KV-TREE-024, with 005, 006 and 025); the model follows it."""
+        assert self.model is not None
+        model, check = self.model, self.verdicts.check
+        guarded = self.state_guarded()
+        evictable = sum(1 for key, page in model.pages.items() if page.state and key not in guarded)
+        reported = self.call("evict_states", num_states, rule="KV-TREE-024")
+        view = self._observe()
+        shown = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
+        removed = [key for key in model.pages if key not in shown]
+        added = sorted(set(shown) - set(model.pages))
+        check("KV-TREE-024", not added, lambda: (
+            f"evict_states({num_states}) added pages {'; '.join(map(_page, added[:4]))}"))
+        dropped = [key for key, page in model.pages.items()
+                   if page.state and (key not in shown or not shown[key].state)]
+        regained = [key for key, page in model.pages.items() if not page.state and key in shown and shown[key].state]
+        check("KV-TREE-024", not regained, lambda: f"evict_states({num_states}) gave {_page(regained[0])} a state")
+        locked = [key for key in removed if model.pages[key].locks]
+        check("KV-TREE-005", not locked, lambda: (
+            f"evict_states({num_states}) removed locked pages: " + "; ".join(
+                f"{_page(k)} ({model.pages[k].locks} locks)" for k in locked[:3])))
+        self._judge_shape(view)
+        hit_locks = [key for key in dropped if key in guarded]
+        check("KV-TREE-025", not hit_locks, lambda: (
+            f"evict_states({num_states}) dropped the state of {_page(hit_locks[0])}, the end of a held lock's path"))
+        inner = [key for key in removed if any(model.parent(other) == key for other in shown)]
+        keys = list(model.pages)
+        index = {key: i for i, key in enumerate(keys)}
+        parents = tuple(index.get(model.parent(key), -1) for key in keys)
+        had = tuple(model.pages[key].state for key in keys)
+        allowed = spec.state_removals_ok(parents, had, tuple(index[k] for k in removed),
+                                         tuple(index[k] for k in dropped))
+        stray = [] if allowed else [key for key in removed if key not in dropped and (
+            model.pages[key].state or not any(model.parent(other) == key for other in removed))] or removed
+        ok = spec.state_eviction_ok(num_states, evictable, len(dropped), reported, len(hit_locks), len(inner),
+                                    len(stray))
+        check("KV-TREE-024", ok, lambda: (
+            f"evict_states({num_states}) reported {reported} states and dropped {len(dropped)} "
+            f"({len(removed)} pages removed"
+            + (f", {len(inner)} with a held child: {_page(inner[0])}" if inner else "")
+            + (f", {_page(stray[0])} neither holding a dropped state nor above one" if stray else "")
+            + f"); {evictable} states were held outside the locked paths' ends"))
+        model.remove(removed)
+        model.drop_states([key for key in dropped if key not in removed])
+        self._judge_state(view, "KV-TREE-024")
+
     def _forward(self, handle: int, req: Request, row: list[int]) -> None:
         """The model runner's forward pass over the request's row (an engine in a paged KV store):
         it reads the tokens the cache gave, writes the others; then the store's verdicts."""
@@ -458,6 +530,32 @@ class TreeDriver(Driver):
                        f"requests != capacity {self.capacity}"))
         if model.window:
             self._judge_window(view, pages, "KV-TREE-020" if content_rule == "KV-TREE-012" else content_rule)
+        if model.states:
+            self._judge_states(view, pages, "KV-TREE-026" if content_rule == "KV-TREE-012" else content_rule)
+
+    def _judge_states(self, view: TreeView, pages: dict, flag_rule: str) -> None:
+        """A cache with a state component: which pages hold a state (the step's rule), the locked
+        paths' last states (KV-TREE-025) and the state slots (KV-TREE-027)."""
+        assert self.model is not None and self.setup is not None
+        model, check = self.model, self.verdicts.check
+        flags = [key for key, page in pages.items() if bool(page.state) != model.pages[key].state]
+        check(flag_rule, not flags, lambda: (
+            f"page {_page(flags[0])} {'holds' if pages[flags[0]].state else 'lacks'} a state; "
+            f"kvoracle expects it to {'hold' if model.pages[flags[0]].state else 'lack'} one"))
+        guarded = self.state_guarded()
+        bare = sorted(key for key in guarded if key in pages and not pages[key].state)
+        check("KV-TREE-025", not bare, lambda: f"page {_page(bare[0])} lacks its state, the end of a held lock's path")
+        held = model.state_count()
+        ends = sum(1 for key in guarded if key in model.pages and model.pages[key].state)
+        free = view.state_free if view.state_free is not None else -1
+        evictable = view.state_evictable if view.state_evictable is not None else -1
+        protected = view.state_protected if view.state_protected is not None else -1
+        check("KV-TREE-027", min(free, evictable, protected) >= 0 and spec.state_slots_balance(
+            free, held, 0, self.setup.states, evictable, protected, ends), lambda: (
+            f"{free} free state slots + {held} held by the cache's pages should be the state capacity "
+            f"{self.setup.states}, and the cache's account ({view.state_evictable} evictable, "
+            f"{view.state_protected} protected) {held - ends} evictable and {ends} protected (the ends of "
+            "held locks' paths)"))
 
     def _judge_window(self, view: TreeView, pages: dict, flag_rule: str) -> None:
         """A cache with a window component: which pages hold window KV (the step's rule), the locked
@@ -521,6 +619,9 @@ class PrefixTreeMachine(SuiteMachine):
     windows = False
     #: ... and it also runs without one (setups draw no window half of the time).
     windowless_too = False
+    #: The engine has a state component (machine option): setups draw state slots, and evictions
+    #: are of states half of the time.
+    state_slots = False
 
     def __init__(self) -> None:
         super().__init__()
@@ -606,6 +707,11 @@ class PrefixTreeMachine(SuiteMachine):
         if self.windows and self.driver.setup.window and data.draw(st.booleans(), label="window KV"):
             self.driver.apply(EvictWindow(data.draw(count, label="num_tokens")))
             return
+        if self.state_slots and self.driver.setup.states and data.draw(st.booleans(), label="states"):
+            few = st.sampled_from([0, 1, 1, 2])
+            self.driver.apply(EvictStates(data.draw(few | st.integers(0, self.driver.setup.states),
+                                                    label="num_states")))
+            return
         self.driver.apply(Evict(data.draw(count, label="num_tokens")))
 
     @rule()
@@ -619,6 +725,26 @@ def configure_with_window(self: PrefixTreeMachine, setup: TreeSetup, data: st.Da
     puts it in place of the plain one, whose draws it leaves alone for every other engine)."""
     sizes = st.just(0) | window_sizes(setup.page_size) if self.windowless_too else window_sizes(setup.page_size)
     self.driver.apply(attrs.evolve(setup, window=data.draw(sizes, label="window")))
+
+
+#: State capacities a setup draws: more than the four locks requests can hold, so that an insertion
+#: always finds a state to evict (:meth:`TreeDriver._insert`), and few enough to evict often.
+STATE_SLOTS = (5, 6, 8)
+
+
+@initialize(setup=tree_setups(), data=st.data())
+def configure_with_states(self: PrefixTreeMachine, setup: TreeSetup, data: st.DataObject) -> None:
+    """The machine's ``configure`` for an engine with a state component (and none for windows)."""
+    self.driver.apply(attrs.evolve(setup, states=data.draw(st.sampled_from(STATE_SLOTS), label="states")))
+
+
+@initialize(setup=tree_setups(), data=st.data())
+def configure_with_components(self: PrefixTreeMachine, setup: TreeSetup, data: st.DataObject) -> None:
+    """The machine's ``configure`` for an engine that takes either component (the reference): a window
+    as :func:`configure_with_window` draws it, and where it draws none, mostly state slots."""
+    window = data.draw(st.just(0) | window_sizes(setup.page_size), label="window")
+    states = 0 if window else data.draw(st.sampled_from((0, *STATE_SLOTS)), label="states")
+    self.driver.apply(attrs.evolve(setup, window=window, states=states))
 
 
 def _tombstone_lookups(machine: PrefixTreeMachine) -> list[tuple[int, int, int]]:
@@ -656,14 +782,60 @@ def look_up_a_tombstone(self: PrefixTreeMachine, data: st.DataObject) -> None:
     self.driver.apply(Peek(self._handle(), prompt, namespace, length))
 
 
+def _past_state_lookups(machine: PrefixTreeMachine) -> list[tuple[int, int, int]]:
+    """``(prompt, namespace, length)`` of a lookup ending on each held page without a state that lies
+    past a page with one: its hit is the earlier state's, shorter than the held prefix (KV-TREE-023)."""
+    driver = machine.driver
+    assert driver.setup is not None and driver.model is not None
+    model, prompts = driver.model, driver.setup.prompts
+    found = []
+    for key, page in sorted(model.pages.items()):
+        above, earlier = model.parent(key), False
+        while above is not None and not earlier:
+            earlier, above = model.pages[above].state, model.parent(above)
+        if not page.state and earlier:
+            namespace, tokens = key
+            prompt = next((p for p, whole in enumerate(prompts) if whole[:len(tokens)] == tokens), None)
+            if prompt is not None:
+                found.append((prompt, namespace, len(tokens)))
+    return found
+
+
+@precondition(lambda self: self._alive() and bool(self.driver.model.states))
+@rule(data=st.data())
+def look_up_past_a_state(self: PrefixTreeMachine, data: st.DataObject) -> None:
+    """A lookup that ends on a held page without a state past one with a state, so that the hit must
+    end at the earlier state (KV-TREE-023), after an eviction of states (one, two, or any number up
+    to all: KV-TREE-024, 025) where no such page is held yet; half of the time a request that locks
+    the hit. Only engines with a state component draw it."""
+    if not _past_state_lookups(self):
+        count = st.sampled_from([1, 2]) | st.integers(0, self.driver.setup.states)
+        self.driver.apply(EvictStates(data.draw(count, label="num_states")))
+        if not self._alive() or not _past_state_lookups(self):
+            return
+    prompt, namespace, length = data.draw(st.sampled_from(_past_state_lookups(self)), label="past a state")
+    if len(self.driver.requests) < 4 and data.draw(st.booleans(), label="arrive"):
+        self.driver.apply(Arrive(self._handle(), prompt, namespace, length))
+        return
+    self.driver.apply(Peek(self._handle(), prompt, namespace, length))
+
+
 def machine_options(probe: object) -> dict[str, object]:
     """The prefix-tree machine's options for an adapter: a window component (``window_component``)
     draws a window in each setup, evictions of window KV, and lookups aimed at pages without their
-    window KV (:func:`look_up_a_tombstone`); other adapters' machines are the plain one."""
-    if not getattr(probe, "window_component", False):
-        return {}
-    return {"windows": True, "windowless_too": bool(getattr(probe, "window_optional", False)),
-            "configure": configure_with_window, "look_up_a_tombstone": look_up_a_tombstone}
+    window KV (:func:`look_up_a_tombstone`); a state component (``state_component``) draws state
+    slots, evictions of states and lookups that end past a state (:func:`look_up_past_a_state`); an
+    adapter with both draws one or the other (or neither) per setup. Other adapters' machines are
+    the plain one."""
+    windows, states = getattr(probe, "window_component", False), getattr(probe, "state_component", False)
+    options: dict[str, object] = {}
+    if windows:
+        options.update({"windows": True, "windowless_too": bool(getattr(probe, "window_optional", False)),
+                        "configure": configure_with_window, "look_up_a_tombstone": look_up_a_tombstone})
+    if states:
+        options.update({"state_slots": True, "configure": configure_with_components if windows
+                        else configure_with_states, "look_up_past_a_state": look_up_past_a_state})
+    return options
 
 
 def _content_difference(expected: dict, pages: dict, listed: int) -> str:

@@ -30,6 +30,8 @@ class PageView:
     locks: int
     #: Whether the page holds its window KV (a cache with a window component; always without one).
     windowed: bool = True
+    #: Whether the page holds the state after its last token (a cache with a state component).
+    state: bool = False
 
 
 @attrs.frozen
@@ -49,6 +51,11 @@ class TreeView:
     window_free: int | None = None
     window_evictable: int | None = None
     window_protected: int | None = None
+    #: A cache with a state component (``TreeSetup.states > 0``): its free state slots and its own
+    #: account of the states it holds, evictable and protected (KV-TREE-024, 027).
+    state_free: int | None = None
+    state_evictable: int | None = None
+    state_protected: int | None = None
 
 
 @runtime_checkable
@@ -93,6 +100,16 @@ class PrefixTreeAdapter(Protocol):
     # drop at least ``num_tokens`` tokens of window KV outside locked windows if it can (a leaf may
     # go whole); the window tokens dropped (KV-TREE-018).
     #
+    # An adapter with a state component (``state_component = True``: it takes ``TreeSetup.states``)
+    # also offers
+    #
+    #   evict_states(num_states) -> int
+    #
+    # drop at least ``num_states`` states outside held locks if it can (a leaf may go whole); the
+    # states dropped (KV-TREE-024). Its ``insert`` gives the cache the state after the inserted
+    # tokens, from a state slot of its own that it takes back when the cache holds one there
+    # already (KV-TREE-026); the driver leaves a state slot free before each insertion.
+    #
     # An adapter that claims ``kv_data`` (a paged KV store around the cache) also offers
     #
     #   forward(handle, namespace, tokens, slots, start) -> None
@@ -116,6 +133,8 @@ class TreeSetup:
     #: A window component of this many tokens (a hybrid model's sliding-window layers), 0 for none;
     #: its slots are a capacity of ``num_pages * page_size`` of their own.
     window: int = 0
+    #: A state component (a hybrid model's recurrent layers) with this many state slots, 0 for none.
+    states: int = 0
 
 
 @attrs.frozen
@@ -212,12 +231,21 @@ class EvictWindow:
     num_tokens: int
 
 
-STEP_NAMES = ("Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictWindow", "Finish", "Peek", "Serve",
-              "TreeSetup")
+@attrs.frozen
+class EvictStates:
+    """The scheduler asks for ``num_states`` state slots back (a cache with a state component)."""
+
+    primary_rule = "KV-TREE-024"
+
+    num_states: int
+
+
+STEP_NAMES = ("Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictStates", "EvictWindow", "Finish", "Peek",
+              "Serve", "TreeSetup")
 
 _SLOTS = returns.sequence_of(returns.integer)
 _PAGE = returns.attributes(PageView, namespace=returns.integer, tokens=_SLOTS, slots=_SLOTS, locks=returns.integer,
-                           windowed=returns.boolean)
+                           windowed=returns.boolean, state=returns.boolean)
 
 #: What each operation must return.
 RETURNS = {
@@ -226,12 +254,16 @@ RETURNS = {
     "alloc": returns.optional(_SLOTS),
     "evict": returns.integer,
     "evict_window": returns.integer,
+    "evict_states": returns.integer,
     "observe": returns.attributes(TreeView, pages=returns.sequence_of(_PAGE), evictable=returns.integer,
                                   protected=returns.integer, free_slots=returns.integer,
                                   data_checks=returns.optional(returns.sequence_of(
                                       returns.sequence_of(returns.anything, length=3))),
                                   window_free=returns.optional(returns.integer),
                                   window_evictable=returns.optional(returns.integer),
-                                  window_protected=returns.optional(returns.integer)),
+                                  window_protected=returns.optional(returns.integer),
+                                  state_free=returns.optional(returns.integer),
+                                  state_evictable=returns.optional(returns.integer),
+                                  state_protected=returns.optional(returns.integer)),
 }
 OPERATIONS = ("configure", "match", "lock", "unlock", "insert", "alloc", "free", "evict", "observe")

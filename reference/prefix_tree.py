@@ -14,6 +14,13 @@ or not (:attr:`TreePage.windowed`), a hit ends where its window's KV is held (KV
 KV-TREE-017), :meth:`PrefixTree.drop_window` follows a window eviction, and an insertion
 re-fills the window KV of the pages it covers past the inserter's own prefix (KV-TREE-020).
 
+With ``states=True`` it models a cache with a state component (a hybrid model's recurrent
+layers, SGLang's Mamba component): a page holds the state after its last token or not
+(:attr:`TreePage.state`), a hit ends at a page holding a state (KV-TREE-022, KV-TREE-023), an
+insertion leaves a state at its key's last page (KV-TREE-026, :attr:`PrefixTree.state_adopted`
+says whether the given one was taken), and :meth:`PrefixTree.evict_states` drops states oldest
+first, removing a leaf whole (KV-TREE-024). A tree has a window or a state component, not both.
+
 :class:`PageAllocator` hands out whole pages of slots from a free list. Together they are
 the ``reference`` engine of the ``prefix-tree`` suite, and the suite's model of any engine.
 """
@@ -55,6 +62,8 @@ class TreePage:
     starts_segment: bool = True
     #: Whether the page holds its window KV (a cache with a window component; always with none).
     windowed: bool = True
+    #: Whether the page holds the state after its last token (a cache with a state component).
+    state: bool = False
 
 
 def _parents_held(tree: PrefixTree) -> bool:
@@ -82,11 +91,18 @@ class PrefixTree:
     window: int = 0
     #: The pages the last insertion re-filled with window KV (KV-TREE-020).
     refilled: list[PageKey] = attrs.Factory(list)
+    #: A state component (KV-TREE-022 .. 027): pages may hold the state after their last token.
+    states: bool = False
+    #: Whether the last insertion took the state it was given (KV-TREE-026).
+    state_adopted: bool = False
 
     def __attrs_post_init__(self) -> None:
         check_tree_parameters(self.page_size)
         if isinstance(self.window, bool) or not isinstance(self.window, int) or self.window < 0:
             raise ConfigError("KV-TREE-016", "window", f"must be an int of at least 0, got {self.window!r}")
+        if self.states and self.window:
+            raise ConfigError("KV-TREE-022", "states",
+                              "a tree with both a window and a state component is not modelled")
         if self.recency not in spec.RECENCY_MODES:
             raise ConfigError("KV-TREE-008", "recency", f"must be one of {spec.RECENCY_MODES}, got {self.recency!r}")
 
@@ -123,9 +139,26 @@ class PrefixTree:
             return []
         return [path[j] for j in spec.window_locked_pages(len(path) * self.page_size, self.window, self.page_size)]
 
+    def state_flags(self, namespace: int, tokens: Sequence[int]) -> tuple[bool, ...]:
+        """Whether each full page of the request is held with a state."""
+        return tuple(key in self.pages and self.pages[key].state for key in self.page_keys(namespace, tokens))
+
+    def state_count(self) -> int:
+        """The states the cache holds."""
+        return sum(1 for page in self.pages.values() if page.state)
+
+    def state_locked(self, path: Sequence[PageKey]) -> list[PageKey]:
+        """The page of a locked path whose state the lock protects (KV-TREE-025)."""
+        if not self.states:
+            return []
+        return [path[j] for j in spec.state_locked_pages(len(path) * self.page_size, self.page_size)]
+
     def hit_of(self, namespace: int, tokens: Sequence[int]) -> tuple[int, int]:
         """``(hit, held)``: the hit a lookup answers and the longest held prefix it lies in."""
         held = spec.longest_held_prefix(self.held_flags(namespace, tokens), len(tokens), self.page_size)
+        if self.states:
+            flags = self.state_flags(namespace, tokens)[:held // self.page_size]
+            return spec.longest_state_hit(flags, held, self.page_size), held
         if not self.window:
             return held, held
         flags = self.window_flags(namespace, tokens)[:held // self.page_size]
@@ -164,17 +197,21 @@ class PrefixTree:
                                                                        self.page_size),
                       "KV-TREE-001: the hit is a page-aligned prefix", enabled=ENABLED)
     @icontract.ensure(lambda result, self, namespace, tokens:
-                      self.window or result[0] == spec.longest_held_prefix(self.held_flags(namespace, tokens),
-                                                                           len(tokens), self.page_size),
+                      self.window or self.states or result[0] == spec.longest_held_prefix(
+                          self.held_flags(namespace, tokens), len(tokens), self.page_size),
                       "KV-TREE-003: the hit is the longest held prefix", enabled=ENABLED)
     @icontract.ensure(lambda result, self, namespace, tokens:
                       not self.window or spec.window_hit_ok(self.window_flags(namespace, tokens), result[0],
                                                             self.window, self.page_size),
                       "KV-TREE-016: the hit's window KV is held", enabled=ENABLED)
+    @icontract.ensure(lambda result, self, namespace, tokens:
+                      not self.states or spec.state_hit_ok(self.state_flags(namespace, tokens), result[0],
+                                                           self.page_size),
+                      "KV-TREE-022: the hit ends at a state", enabled=ENABLED)
     def match(self, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
         """The hit of ``tokens`` in ``namespace`` and its slots; stamps what it covers.
 
-        With a window, the held pages past the hit are not stamped; a segment the held prefix
+        With a window or states, the held pages past the hit are not stamped; a segment the held prefix
         ends inside is split there and its rest stamped (SGLang's split of the node the walk
         parts from, which stamps the node's rest)."""
         keys = self.page_keys(namespace, tokens)
@@ -197,6 +234,9 @@ class PrefixTree:
                       "KV-TREE-012: insertion answers the longest held prefix", enabled=ENABLED)
     @icontract.ensure(lambda self, namespace, tokens: all(self.held_flags(namespace, tokens)),
                       "KV-TREE-012: every page of the key is held afterwards", enabled=ENABLED)
+    @icontract.ensure(lambda self, namespace, tokens: not self.states or not tokens or len(tokens) < self.page_size
+                      or self.state_flags(namespace, tokens)[-1],
+                      "KV-TREE-026: the key's last page holds a state afterwards", enabled=ENABLED)
     def insert(self, namespace: int, tokens: Sequence[int], slots: Sequence[int], own: int = 0) -> int:
         """Store the full pages of ``tokens`` with ``slots`` (one per token); the pages already
         held keep theirs. Returns the tokens that were held.
@@ -217,6 +257,11 @@ class PrefixTree:
         for j in range(held // size, len(keys)):
             self.pages[keys[j]] = TreePage(tuple(slots[j * size:(j + 1) * size]), self.clock,
                                            starts_segment=j in (held // size, tail))
+        self.state_adopted = False
+        if self.states and spec.insertion_leaves_state(len(tokens), size):
+            last = self.pages[keys[-1]]
+            self.state_adopted = spec.insertion_adopts_state(last.state)
+            last.state = True
         return held
 
     def adopt(self, key: PageKey, slots: Sequence[int]) -> None:
@@ -229,6 +274,30 @@ class PrefixTree:
         for key in keys:
             self.pages[key].windowed = False
         self.mark_window_boundaries()
+
+    def drop_states(self, keys: Iterable[PageKey]) -> None:
+        """Forget these pages' states (a state eviction the model follows)."""
+        for key in keys:
+            self.pages[key].state = False
+
+    def evict_states(self, num_states: int, protected: set[PageKey]) -> tuple[list[PageKey], list[PageKey]]:
+        """The reference's state eviction: oldest stamp first, drop the states of pages outside
+        ``protected`` (the locked paths' last pages) until ``num_states`` are gone; a page without a
+        held child and without a lock goes whole. ``(pages whose state went, pages removed)``."""
+        dropped: list[PageKey] = []
+        removed: list[PageKey] = []
+        while len(dropped) < num_states:
+            candidates = [key for key, page in self.pages.items() if page.state and key not in protected]
+            if not candidates:
+                break
+            key = min(candidates, key=lambda k: (self.pages[k].stamp, len(k[1]), k))
+            dropped.append(key)
+            if self.children(key) or self.pages[key].locks:
+                self.pages[key].state = False
+            else:
+                removed.append(key)
+                self.remove([key])
+        return dropped, removed
 
     def mark_window_boundaries(self) -> None:
         for key, page in self.pages.items():

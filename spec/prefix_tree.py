@@ -89,6 +89,25 @@ engine's: SGLang stores the inserter's slots in an unlocked page and frees its o
 (the one case where a held page's slots change, which KV-TREE-012 then reads through
 KV-TREE-020). The order in which window KV is evicted is not stated here.
 
+**A state component** (KV-TREE-022 .. KV-TREE-027). A hybrid model with recurrent layers
+(Mamba) needs, to resume after a prefix, those layers' *state* after the prefix's last token: one
+fixed-size state per prefix end, not KV per token (SGLang's ``UnifiedRadixCache`` with a MAMBA
+component keeps it in a pool of state slots of its own, one slot per radix node at most, at the
+node's end). A cache with a state component holds a state at some pages (the page that ends the
+prefix it was computed for) and none at the others. A hit of ``h`` tokens is only usable if the
+page that ends it holds a state (KV-TREE-022; vLLM's form: a Mamba hit ends at a cached, aligned
+state block, KV-MAMBA-001); the hit is the longest such prefix within the held one (KV-TREE-023:
+KV-TREE-003 with the state's condition, so a lookup that ends between two states answers the
+earlier one). Evicting states (SGLang's ``evict(mamba_num=n)``) drops them from pages outside held
+locks, keeps the KV of every page that still has a held child, and may remove a leaf whole with
+the pages above it that hold no state (KV-TREE-024); a lock protects the state at the end of its
+path, the one its request resumes from (KV-TREE-025); an insertion leaves a state at its key's
+last page: the one it was given where that page held none, else the page keeps its own and the
+inserter's is a duplicate it gets back (KV-TREE-026). The state slots balance, and the cache's
+own account splits its states into protected and evictable ones (KV-TREE-027). The order in
+which states are evicted is not stated here, and a cache with both a window and a state
+component is not yet judged.
+
 **Namespaces** (KV-TREE-004). A namespace (SGLang's ``extra_key``: a LoRA adapter, a
 cache salt) partitions the cache: a page is never shared between namespaces, even
 for equal tokens (vLLM's form: the extra keys of the block hash, KV-HASH-007).
@@ -646,3 +665,199 @@ def window_slots_balance(free: int, windowed: int, requests: int, capacity: int,
     """Whether ``free`` window slots, the ``windowed`` ones of the pages holding window KV and the
     ``requests``' add up to ``capacity``, and the cache's own ``account`` is ``windowed``."""
     return capacity_balances(free, windowed, requests, capacity) and account == windowed
+
+
+# -- a state component (a hybrid model's recurrent layers: SGLang's Mamba) ------------------------
+MAMBA = "sglang/srt/mem_cache/unified_cache/components/mamba.py (SGLang 0.5.23)"
+
+KV_TREE_022 = rule(
+    "KV-TREE-022",
+    "A hit ends at a page that holds a state",
+    """For a cache with a state component (recurrent layers, whose state after a prefix is all they need
+    to resume): a hit of h > 0 tokens ends at a page that holds the state after its last token, so that
+    the request's recurrent layers can resume after it. vLLM's form: a Mamba hit ends at a cached state
+    block (KV-MAMBA-001), which holds the state after the hit's tokens (KV-MAMBA-015).""",
+    source=f"{MAMBA} MambaComponent.create_match_validator (a node is a valid match end only while it holds "
+           f"its MAMBA value); {CORE} UnifiedTreeCore._match_prefix_helper (best_match_node)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_023 = rule(
+    "KV-TREE-023",
+    "The hit is the longest held prefix that ends at a state",
+    """For a cache with a state component: the hit is the longest h, a multiple of P, within the longest
+    held prefix (KV-TREE-003), that is 0 or ends at a page holding a state (KV-TREE-022). Where the held
+    prefix's last page holds a state this is KV-TREE-003. vLLM's form: KV-MAMBA-001 (the rightmost cached
+    state block).""",
+    source=f"{CORE} UnifiedTreeCore._match_prefix_helper / _match_post_processor (the deepest node every "
+           "component's validator accepts; the full-KV match may go on past it)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_024 = rule(
+    "KV-TREE-024",
+    "Evicting states spares locked states and the KV of inner pages, and reports it",
+    """evict_states(n) drops at least min(n, E) states when E states are held outside held locks
+    (KV-TREE-025), never more than E, and reports the number it dropped. A page whose state it drops
+    stays held with its KV while a held page descends from it. It may remove a leaf whose state it drops
+    whole (its slots freed, as by evict: KV-TREE-005, 006), and with it the pages above it that hold no
+    state and keep no other held child; it removes no other page.""",
+    source=f"{MAMBA} MambaComponent._evict_device_next_node (an evictable leaf is evicted whole, an inner "
+           f"node loses only its MAMBA value) / evict_component; {CORE} evict_device_leaf, "
+           "_evict_component_and_detach_lru; unified_radix_cache.py UnifiedRadixCache._evict "
+           "(EvictResult.mamba_num_evicted)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_025 = rule(
+    "KV-TREE-025",
+    "A lock protects its path's last state",
+    """While a lock on a path of h > 0 tokens is held (a hit, or what a running request inserted), the
+    page that ends the path keeps its state: evictions never drop it. (The lock protects every page's KV,
+    KV-TREE-005; the states of the path's other pages may go: the request resumes from the end only.)
+    vLLM's form: a running request's state blocks are referenced, KV-POOL-010.""",
+    source=f"{MAMBA} MambaComponent.acquire_component_lock / release_component_lock (the lock counts on the "
+           f"anchor node's MAMBA value only); {CORE} UnifiedLRUList.get_lru_no_lock / get_prev_no_lock",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_026 = rule(
+    "KV-TREE-026",
+    "An insertion leaves a state at its key's end",
+    """Inserting n >= P tokens with the state after them leaves a state at the key's last page (its
+    first floor(n / P) * P tokens): the given one where that page held none, which the cache then owns;
+    else the page keeps its own and the given state is a duplicate the caller gets back (SGLang's
+    InsertResult.mamba_exist). The insertion gives no other page a state and drops none. The insertion
+    answers the held prefix as KV-TREE-012 says.""",
+    source=f"{MAMBA} MambaComponent.commit_insert_component_data (new leaf, existing node without a "
+           f"state, existing state: mamba_exist) / cleanup_after_caching_req (frees the duplicate); "
+           f"{CORE} UnifiedTreeCore._insert_commit_step",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_027 = rule(
+    "KV-TREE-027",
+    "State slots balance",
+    """The state slots are a capacity of their own: at every moment the free state slots, the state slots
+    of the pages holding a state and the state slots requests hold outside the cache add up to the state
+    capacity; and the cache's own account splits the states it holds into protected ones, those at the end
+    of a held lock's path (KV-TREE-025), and evictable ones, the rest.""",
+    source="sglang/srt/mem_cache/allocator/mamba.py MambaSlotAllocator (available_size, free); "
+           f"{MAMBA} (component_evictable_size_ / component_protected_size_ in acquire_component_lock, "
+           "release_component_lock, evict_component)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda hit, page_size: hit >= 0 and hit % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit, states, page_size:
+                  result == (hit == 0 or (hit // page_size <= len(states) and states[hit // page_size - 1])),
+                  enabled=ENABLED)
+@defines(KV_TREE_022)
+def state_hit_ok(states: tuple[bool, ...], hit: int, page_size: int) -> bool:
+    """Whether a hit of ``hit`` tokens may end there: ``states[j]`` says whether page ``j`` holds the
+    state after its last token."""
+    pages = hit // page_size
+    return pages == 0 or (pages <= len(states) and states[pages - 1])
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda held, page_size: held >= 0 and held % page_size == 0, enabled=ENABLED)
+@icontract.require(lambda states, held, page_size: held // page_size <= len(states), enabled=ENABLED)
+@icontract.ensure(lambda result, held: 0 <= result <= held, enabled=ENABLED)
+@icontract.ensure(lambda result, page_size: result % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, states, page_size: state_hit_ok(states, result, page_size), enabled=ENABLED)
+@icontract.ensure(lambda result, states, held, page_size:
+                  not any(states[result // page_size:held // page_size]), "no longer prefix ends at a state",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, states, held, page_size:
+                  held == 0 or not states[held // page_size - 1] or result == held, enabled=ENABLED)
+@defines(KV_TREE_023)
+def longest_state_hit(states: tuple[bool, ...], held: int, page_size: int) -> int:
+    """The hit within a held prefix of ``held`` tokens: the longest page-aligned length that ends at a
+    page holding a state (KV-TREE-022), or 0."""
+    for pages in range(held // page_size, 0, -1):
+        if states[pages - 1]:
+            return pages * page_size
+    return 0
+
+
+@icontract.require(lambda hit, page_size: page_size > 0 and hit >= 0 and hit % page_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit: len(result) == (1 if hit else 0), enabled=ENABLED)
+@icontract.ensure(lambda result, hit, page_size: all(j == hit // page_size - 1 for j in result), enabled=ENABLED)
+@defines(KV_TREE_025)
+def state_locked_pages(hit: int, page_size: int) -> tuple[int, ...]:
+    """The pages of a locked path of ``hit`` tokens whose state the lock protects: its last one."""
+    return (hit // page_size - 1,) if hit else ()
+
+
+@icontract.require(lambda parents, states: len(parents) == len(states), enabled=ENABLED)
+@icontract.require(lambda parents, removed, dropped: all(0 <= i < len(parents) for i in (*removed, *dropped)),
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, removed, dropped: result or bool(removed), "removing nothing is always allowed",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, parents, states, removed, dropped:
+                  result == all(i in dropped or (not states[i] and any(parents[c] == i for c in removed))
+                                for i in removed), enabled=ENABLED)
+@defines(KV_TREE_024)
+def state_removals_ok(parents: tuple[int, ...], states: tuple[bool, ...], removed: tuple[int, ...],
+                      dropped: tuple[int, ...]) -> bool:
+    """Whether every page a state eviction removed is one whose state it ``dropped``, or one that held no
+    state (``states``) and loses a child with it (so that, the removal being closed under leaves, it lies
+    above a dropped state): ``parents[i]`` is page ``i``'s parent, -1 for a page 0."""
+    gone = set(removed)
+    return all(i in dropped or (not states[i] and any(parents[c] == i for c in gone)) for i in removed)
+
+
+@icontract.require(lambda asked, evictable, dropped: asked >= 0 and evictable >= 0 and dropped >= 0,
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, asked, evictable, dropped, reported, locked_dropped, inner_removed,
+                  stray_removed:
+                  not result or (min(asked, evictable) <= dropped <= evictable and reported == dropped
+                                 and locked_dropped == 0 and inner_removed == 0 and stray_removed == 0),
+                  enabled=ENABLED)
+@defines(KV_TREE_024)
+def state_eviction_ok(asked: int, evictable: int, dropped: int, reported: int, locked_dropped: int,
+                      inner_removed: int, stray_removed: int) -> bool:
+    """Whether an ``evict_states(asked)`` kept its promise: it dropped ``dropped`` states of the
+    ``evictable`` ones, reported ``reported``, dropped ``locked_dropped`` locked ones, removed
+    ``inner_removed`` pages that kept a held child and ``stray_removed`` pages
+    :func:`state_removals_ok` does not allow."""
+    return (min(asked, evictable) <= dropped <= evictable and reported == dropped and locked_dropped == 0
+            and inner_removed == 0 and stray_removed == 0)
+
+
+@icontract.require(lambda page_size: page_size > 0, enabled=ENABLED)
+@icontract.require(lambda key_tokens: key_tokens >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, key_tokens, page_size: result == (key_tokens // page_size > 0), enabled=ENABLED)
+@defines(KV_TREE_026)
+def insertion_leaves_state(key_tokens: int, page_size: int) -> bool:
+    """Whether inserting ``key_tokens`` tokens leaves a state in the cache (at its last full page)."""
+    return key_tokens // page_size > 0
+
+
+@icontract.require(lambda had_state: isinstance(had_state, bool), enabled=ENABLED)
+@icontract.ensure(lambda result, had_state: result == (not had_state), enabled=ENABLED)
+@defines(KV_TREE_026)
+def insertion_adopts_state(had_state: bool) -> bool:
+    """Whether an insertion's given state is the cache's afterwards: only where the key's last page held
+    none (else the caller gets it back)."""
+    return not had_state
+
+
+@icontract.require(lambda free, held, requests, capacity, evictable, protected, locked_ends:
+                   min(free, held, requests, capacity, evictable, protected, locked_ends) >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, free, held, requests, capacity, evictable, protected, locked_ends:
+                  result == (capacity_balances(free, held, requests, capacity) and protected == locked_ends
+                             and evictable + protected == held), enabled=ENABLED)
+@defines(KV_TREE_027)
+def state_slots_balance(free: int, held: int, requests: int, capacity: int, evictable: int, protected: int,
+                        locked_ends: int) -> bool:
+    """Whether ``free`` state slots, the ``held`` ones of the pages holding a state and the
+    ``requests``' add up to ``capacity``, and the cache's own account is ``protected`` states at the
+    ``locked_ends`` (the distinct pages ending a held lock's path, each holding a state) and
+    ``evictable`` the rest."""
+    return capacity_balances(free, held, requests, capacity) and protected == locked_ends and (
+        evictable + protected == held)

@@ -205,7 +205,13 @@ BROKEN = {
 
 
 # -- the window component (KV-TREE-016 .. 021) ---------------------------------------------------------
-class WindowBlindMatch(ReferencePrefixTree):
+class _WindowTree(ReferencePrefixTree):
+    """The reference with its window component only: setups draw windows (and none), never states."""
+
+    state_component = False
+
+
+class WindowBlindMatch(_WindowTree):
     """A lookup answers the longest held prefix whatever window KV its pages hold (a match that
     never asks the window component)."""
 
@@ -220,7 +226,7 @@ class WindowBlindMatch(ReferencePrefixTree):
             tree.window = window
 
 
-class WindowMatchGivesUp(ReferencePrefixTree):
+class WindowMatchGivesUp(_WindowTree):
     """When the held prefix ends on pages without their window KV, the lookup answers no hit
     instead of the longest shorter prefix whose window is held."""
 
@@ -234,7 +240,7 @@ class WindowMatchGivesUp(ReferencePrefixTree):
         return hit, slots
 
 
-class WindowEvictsOnePage(ReferencePrefixTree):
+class WindowEvictsOnePage(_WindowTree):
     """evict_window drops the window KV of one page at most, whatever it was asked for."""
 
     name = "window-evicts-one-page"
@@ -243,7 +249,7 @@ class WindowEvictsOnePage(ReferencePrefixTree):
         return super().evict_window(min(num_tokens, self.tree.page_size))
 
 
-class WindowEvictionIgnoresLocks(ReferencePrefixTree):
+class WindowEvictionIgnoresLocks(_WindowTree):
     """evict_window drops window KV inside locked windows too (it never asks which are locked)."""
 
     name = "window-eviction-ignores-locks"
@@ -257,7 +263,7 @@ class WindowEvictionIgnoresLocks(ReferencePrefixTree):
         return len(dropped) * self.tree.page_size
 
 
-class InsertKeepsTombstones(ReferencePrefixTree):
+class InsertKeepsTombstones(_WindowTree):
     """An insertion over pages without their window KV leaves them without it."""
 
     name = "insert-keeps-tombstones"
@@ -270,7 +276,7 @@ class InsertKeepsTombstones(ReferencePrefixTree):
         return held
 
 
-class RefillMovesLockedPages(ReferencePrefixTree):
+class RefillMovesLockedPages(_WindowTree):
     """An insertion that re-fills a page's window KV gives the page the inserter's slots (and frees
     its old ones) even while a lock runs through it."""
 
@@ -288,7 +294,7 @@ class RefillMovesLockedPages(ReferencePrefixTree):
         return held
 
 
-class WindowSlotsLeak(ReferencePrefixTree):
+class WindowSlotsLeak(_WindowTree):
     """Dropping a page's window KV never gives its window slots back."""
 
     name = "window-slots-leak"
@@ -320,4 +326,100 @@ BROKEN_WINDOW = {
     InsertKeepsTombstones: "KV-TREE-020",
     RefillMovesLockedPages: "KV-TREE-020",
     WindowSlotsLeak: "KV-TREE-021",
+}
+
+
+# -- the state component (KV-TREE-022 .. 027) ----------------------------------------------------------
+class _StateTree(ReferencePrefixTree):
+    """The reference with its state component only: every setup draws state slots."""
+
+    window_component = False
+
+
+class StateBlindMatch(_StateTree):
+    """A lookup answers the longest held prefix whether or not its last page holds a state (a match
+    that never asks the state component)."""
+
+    name = "state-blind-match"
+
+    def match(self, handle, namespace, tokens):
+        tree = self.tree
+        states, tree.states = tree.states, False
+        try:
+            return super().match(handle, namespace, tokens)
+        finally:
+            tree.states = states
+
+
+class StateMatchGivesUp(_StateTree):
+    """When the held prefix does not end at a state, the lookup answers no hit instead of the longest
+    shorter prefix that does."""
+
+    name = "state-match-gives-up"
+
+    def match(self, handle, namespace, tokens):
+        hit, slots = super().match(handle, namespace, tokens)
+        if hit < self.tree.hit_of(namespace, tokens)[1]:
+            self.found[handle], self.own[handle] = [], 0
+            return 0, ()
+        return hit, slots
+
+
+class StatesEvictOne(_StateTree):
+    """evict_states drops one state at most, whatever it was asked for."""
+
+    name = "states-evict-one"
+
+    def evict_states(self, num_states):
+        return super().evict_states(min(num_states, 1))
+
+
+class StateEvictionIgnoresLocks(_StateTree):
+    """evict_states drops the states at the end of locked paths too (it never asks which are locked)."""
+
+    name = "state-eviction-ignores-locks"
+
+    def evict_states(self, num_states):
+        pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
+        dropped, removed = self.tree.evict_states(num_states, set())
+        for key in removed:
+            self.allocator.free(pages[key])
+        self.states_free += len(dropped)
+        return len(dropped)
+
+
+class InsertLeavesNoState(_StateTree):
+    """An insertion gives its state back instead of leaving it at the key's last page, where that page
+    held none."""
+
+    name = "insert-leaves-no-state"
+
+    def insert(self, handle, namespace, tokens, slots):
+        held = super().insert(handle, namespace, tokens, slots)
+        if self.tree.states and self.tree.state_adopted:
+            self.tree.pages[self.tree.page_keys(namespace, tokens)[-1]].state = False
+            self.states_free += 1
+        return held
+
+
+class StateSlotsLeak(_StateTree):
+    """Dropping a state never gives its state slot back."""
+
+    name = "state-slots-leak"
+
+    def evict_states(self, num_states):
+        free = self.states_free
+        dropped = super().evict_states(num_states)
+        self.states_free = free
+        return dropped
+
+
+#: Each broken tree with a state component and the state rule it must be convicted of.
+BROKEN_STATE = {
+    StateBlindMatch: "KV-TREE-022",
+    StateMatchGivesUp: "KV-TREE-023",
+    StatesEvictOne: "KV-TREE-024",
+    StateEvictionIgnoresLocks: "KV-TREE-025",
+    InsertLeavesNoState: "KV-TREE-026",
+    StateSlotsLeak: "KV-TREE-027",
 }

@@ -204,3 +204,77 @@ def test_window_slots_balance(free, windowed, requests, account) -> None:
     capacity = free + windowed + requests
     assert spec.window_slots_balance(free, windowed, requests, capacity, account) == (account == windowed)
     assert not spec.window_slots_balance(free, windowed, requests, capacity + 1, windowed)
+
+
+# -- a state component (KV-TREE-022 .. 027) --------------------------------------------------------
+STATES = st.lists(st.booleans(), max_size=8).map(tuple)
+
+
+@UNTIMED
+@given(STATES, PAGE, st.data())
+def test_a_state_hit_ends_at_a_page_holding_a_state(states, page, data) -> None:
+    pages = data.draw(st.integers(0, len(states)))
+    assert spec.state_hit_ok(states, pages * page, page) == (pages == 0 or states[pages - 1])
+
+
+@UNTIMED
+@given(STATES, PAGE, st.data())
+def test_longest_state_hit_is_the_last_state_within_the_held_prefix(states, page, data) -> None:
+    held = data.draw(st.integers(0, len(states))) * page
+    hit = spec.longest_state_hit(states, held, page)
+    assert hit == max(h for h in range(0, held + 1, page) if spec.state_hit_ok(states, h, page))
+    if held and states[held // page - 1]:
+        assert hit == held  # the held prefix ends at a state: KV-TREE-003's hit
+
+
+def test_longest_state_hit_examples() -> None:
+    # Pages of 2: states after pages 0 and 2; a held prefix of four pages hits three of them.
+    assert spec.longest_state_hit((True, False, True, False), 8, 2) == 6
+    assert spec.longest_state_hit((True, False, True, False), 4, 2) == 2
+    assert spec.longest_state_hit((False, False), 4, 2) == 0
+
+
+@UNTIMED
+@given(st.integers(0, 10), PAGE)
+def test_a_lock_protects_its_paths_last_state_only(pages, page) -> None:
+    assert spec.state_locked_pages(pages * page, page) == ((pages - 1,) if pages else ())
+
+
+def test_state_removals_ok_examples() -> None:
+    # A chain 0 <- 1 <- 2, a state on page 2 only: dropping it may take the stateless pages above it.
+    parents, states = (-1, 0, 1), (False, False, True)
+    assert spec.state_removals_ok(parents, states, (2,), (2,))
+    assert spec.state_removals_ok(parents, states, (1, 2), (2,))
+    assert not spec.state_removals_ok(parents, states, (1,), ())  # a stateless leaf with no dropped state below
+    assert not spec.state_removals_ok(parents, (False, True, True), (1, 2), (2,))  # page 1's state, not dropped
+    assert spec.state_removals_ok(parents, states, (), ())
+
+
+@UNTIMED
+@given(st.integers(0, 20), st.integers(0, 20), st.integers(0, 20))
+def test_state_eviction_ok(asked, evictable, dropped) -> None:
+    ok = spec.state_eviction_ok(asked, evictable, dropped, dropped, 0, 0, 0)
+    assert ok == (min(asked, evictable) <= dropped <= evictable)
+    assert not spec.state_eviction_ok(asked, evictable, dropped, dropped + 1, 0, 0, 0)  # misreported
+    assert not spec.state_eviction_ok(asked, evictable, dropped, dropped, 1, 0, 0)  # a locked state dropped
+    assert not spec.state_eviction_ok(asked, evictable, dropped, dropped, 0, 1, 0)  # an inner page removed
+    assert not spec.state_eviction_ok(asked, evictable, dropped, dropped, 0, 0, 1)  # a stray page removed
+
+
+@UNTIMED
+@given(st.integers(0, 12), PAGE, st.booleans())
+def test_an_insertion_leaves_a_state_at_its_last_full_page(tokens, page, had) -> None:
+    assert spec.insertion_leaves_state(tokens, page) == (tokens >= page)
+    assert spec.insertion_adopts_state(had) == (not had)
+
+
+@UNTIMED
+@given(st.integers(0, 9), st.integers(0, 9), st.integers(0, 9), st.integers(0, 9))
+def test_state_slots_balance(free, held, requests, ends) -> None:
+    capacity = free + held + requests
+    protected = min(ends, held)
+    assert spec.state_slots_balance(free, held, requests, capacity, held - protected, protected, protected)
+    assert not spec.state_slots_balance(free, held, requests, capacity + 1, held - protected, protected, protected)
+    assert not spec.state_slots_balance(free, held, requests, capacity, held - protected + 1, protected, protected)
+    assert spec.state_slots_balance(free, held, requests, capacity, held - protected, protected,
+                                    ends) == (protected == ends)

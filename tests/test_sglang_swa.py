@@ -34,7 +34,7 @@ from tree_meta import assert_convicted, outcomes, run
 from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA, SGLangUnifiedSWARust
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
-from kvoracle.conformance.prefix_tree import WINDOW_RULES, Arrive, EvictWindow, Peek, Serve, TreeSetup
+from kvoracle.conformance.prefix_tree import MAMBA_RULES, WINDOW_RULES, Arrive, EvictWindow, Peek, Serve, TreeSetup
 
 PROMPT = (1, 2, 3, 4)
 
@@ -76,6 +76,7 @@ def test_the_real_swa_cache_passes_every_rule_it_is_judged_on(engine):
     found = outcomes(result)
     assert result.ok, found
     assert found.pop("KV-TREE-008") == "not-applicable"
+    assert {found.pop(rule_id) for rule_id in MAMBA_RULES} == {"not-applicable"}, found  # no state component
     assert set(found.values()) == {"pass"}, found
     unchecked = [rule_id for rule_id in WINDOW_RULES if not result.verdicts.outcomes[rule_id].checks]
     assert not unchecked, unchecked

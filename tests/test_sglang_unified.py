@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 
 from kvoracle.conformance.engines.sglang_import import SGLangUnavailable, import_sglang
-from kvoracle.conformance.prefix_tree import WINDOW_RULES
+from kvoracle.conformance.prefix_tree import MAMBA_RULES, WINDOW_RULES
 
 try:
     API = import_sglang()
@@ -35,8 +35,8 @@ def test_the_real_unified_cache_passes_every_rule_it_is_judged_on(engine):
     found = outcomes(result)
     assert result.ok, found
     assert found.pop("KV-TREE-008") == "not-applicable"
-    # No window component: the window rules (KV-TREE-016 .. 021) do not apply.
-    assert {found.pop(rule_id) for rule_id in WINDOW_RULES} == {"not-applicable"}, found
+    # No window nor state component: the window and state rules (KV-TREE-016 .. 027) do not apply.
+    assert {found.pop(rule_id) for rule_id in (*WINDOW_RULES, *MAMBA_RULES)} == {"not-applicable"}, found
     assert set(found.values()) == {"pass"}, found
     unexercised = [rule_id for rule_id in found if not result.verdicts.outcomes[rule_id].checks]
     assert not unexercised, unexercised

@@ -101,6 +101,8 @@ class SGLangRadixCache:
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
         result = self.cache.insert(self.insert_params(handle, namespace, tokens, slots))
         self.found[handle] = result.last_device_node
+        #: The last insertion's ``InsertResult`` (an adapter with a state component reads ``mamba_exist``).
+        self.insert_result = result
         return int(result.prefix_len)
 
     def insert_params(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> Any:
@@ -131,16 +133,20 @@ class SGLangRadixCache:
             tokens = tuple(int(t) for t in key.token_ids[:len(key)])
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             namespace = namespace_of(key.extra_key)
-            windowed = self.node_windowed(node)
+            windowed, state = self.node_windowed(node), self.node_state(node)
             for start in range(0, len(tokens), size):
                 pages.append(PageView(namespace, before + tokens[:start + size], slots[start:start + size],
-                                      int(locks), windowed))
+                                      int(locks), windowed, state and start + size >= len(tokens)))
             stack.extend((child, before + tokens) for child in node.children.values())
         return tuple(pages)
 
     def node_windowed(self, node: Any) -> bool:
         """Whether a radix node holds window KV (a cache without a window component: always)."""
         return True
+
+    def node_state(self, node: Any) -> bool:
+        """Whether a radix node holds a state at its end (a cache without a state component: never)."""
+        return False
 
     def node_parts(self, node: Any) -> tuple[Any, Any, int]:
         """A radix node's key (a ``RadixKey``), its slots (a tensor, ``None`` when it holds none) and

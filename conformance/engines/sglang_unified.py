@@ -113,8 +113,9 @@ class SGLangUnifiedRadixCache(SGLangRadixCache):
 
 
 #: One line of the Rust tree core's ``pretty_print``: indentation, ``[node id] key length
-#: full_lock=<count> Full=<yes|no>``, then ``Swa=<yes|no>`` where the tree has a SWA component.
-_RUST_NODE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(\d+) Full=(yes|no)(?: Swa=(yes|no))?$")
+#: full_lock=<count> Full=<yes|no>``, then ``Swa=<yes|no>`` where the tree has a SWA component and
+#: ``Mamba=<yes|no>`` where it has a MAMBA one.
+_RUST_NODE = re.compile(r"^( *)\[(\d+)\] (\d+) full_lock=(\d+) Full=(yes|no)(?: Swa=(yes|no))?(?: Mamba=(yes|no))?$")
 
 
 class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
@@ -163,7 +164,8 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
 
     def pages(self) -> tuple[PageView, ...]:
         """Every page of the tree, read from ``pretty_print`` and the nodes' device values (a node
-        printed ``Swa=no`` is a tombstone: its pages hold no window KV)."""
+        printed ``Swa=no`` is a tombstone: its pages hold no window KV; one printed ``Mamba=yes``
+        holds a state at its last page)."""
         core, size = self.cache.tree_core, self.page_size
         root = core.root_node_handle()
         pages: list[PageView] = []
@@ -172,11 +174,13 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
             if match is None:
                 raise RuntimeError(f"unexpected line in the Rust tree core's pretty_print: {line!r}")
             node_id, locks, full, windowed = int(match[2]), int(match[4]), match[5], match[6] != "no"
+            state = match[7] == "yes"
             if node_id == root:
                 continue
             value = core.get_component_device_value(node_id, self.full) if full == "yes" else None
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             for start in range(size - 1, len(slots), size):
                 namespace, tokens = self.inserted.get(slots[start], (0, ()))
-                pages.append(PageView(namespace, tokens, slots[start - size + 1:start + 1], locks, windowed))
+                pages.append(PageView(namespace, tokens, slots[start - size + 1:start + 1], locks, windowed,
+                                      state and start + 1 == len(slots)))
         return tuple(pages)
