@@ -117,7 +117,7 @@ VENV_SGLANG ?= .venv-sglang
 test-sglang:
 	VENV_SGLANG=$(VENV_SGLANG) bash scripts/install_sglang.sh
 	$(VENV_SGLANG)/bin/pytest tests/test_sglang_adapter.py tests/test_sglang_unified.py tests/test_sglang_paged_store.py \
-		tests/test_sglang_swa.py tests/test_sglang_swa_store.py
+		tests/test_sglang_swa.py tests/test_sglang_swa_store.py tests/test_sglang_mamba.py
 	$(VENV_SGLANG)/bin/kvoracle check --engine sglang --suite prefix-tree --max-examples 300 \
 		--no-progress --json build/kvoracle-sglang-report.json
 

@@ -13,6 +13,7 @@ import functools
 from typing import Any
 
 from kvoracle.conformance.engines.sglang import SGLangRadixCache
+from kvoracle.conformance.engines.sglang_mamba import SGLangUnifiedMamba
 from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA
 from kvoracle.conformance.engines.sglang_unified import SGLangUnifiedRadixCache, SGLangUnifiedRustCore
 from kvoracle.conformance.harness.capabilities import Capabilities
@@ -495,4 +496,116 @@ BROKEN_SWA = {
     SWAInsertKeepsTombstones: "KV-TREE-020",
     SWARecoveryIgnoresLocks: "KV-TREE-020",
     SWAEvictLeaksWindowSlots: "KV-TREE-021",
+}
+
+
+# -- SGLang's UnifiedRadixCache with its MAMBA component (a state component, KV-TREE-022 .. 027), one fault each --
+def _validator_ignoring_states(component: Any, match_device_only: bool = False) -> Any:
+    """A match validator that accepts every node, whether or not it holds a MAMBA value."""
+    return lambda node: True
+
+
+def _evict_reporting_the_state_request(cache: Any, params: Any) -> Any:
+    result = _base(cache).evict(params)
+    if params.mamba_num:
+        result.mamba_num_evicted = params.mamba_num
+    return result
+
+
+def _commit_keeping_no_new_state(component: Any, node: Any, is_new_leaf: bool, params: Any, result: Any,
+                                 cache_actions: Any) -> None:
+    """The insert's commit hook for MAMBA, but a new leaf is left without the state it was given (and the
+    insertion still answers that the cache took it)."""
+    if is_new_leaf:
+        return
+    _base(component).commit_insert_component_data(node, is_new_leaf, params, result, cache_actions)
+
+
+def _cleanup_keeping_duplicates(component: Any, req: Any, is_finished: bool, insert_result: Any = None,
+                                insert_params: Any = None) -> None:
+    """The component's cleanup after an insertion, but a state the cache did not take is never freed."""
+    if insert_params is not None:
+        insert_params.mamba_value = None
+    _base(component).cleanup_after_caching_req(req, is_finished, insert_result=insert_result,
+                                               insert_params=insert_params)
+
+
+class _PatchedMamba(SGLangUnifiedMamba):
+    """SGLang's UnifiedRadixCache FULL+MAMBA with :attr:`methods` of the cache, :attr:`mamba_methods` of
+    its MAMBA component (given to the cache through ``component_registry_override``) and
+    :attr:`lru_methods` of the component's LRU list replaced."""
+
+    methods: tuple[tuple[str, Any], ...] = ()
+    mamba_methods: tuple[tuple[str, Any], ...] = ()
+    lru_methods: tuple[tuple[str, Any], ...] = ()
+
+    def cache_params(self, allocator: Any, page_size: int) -> Any:
+        params = super().cache_params(allocator, page_size)
+        if self.mamba_methods:
+            from sglang.srt.mem_cache.unified_cache.components.mamba import MambaComponent
+
+            patched = _subclass(MambaComponent, f"PatchedMamba{type(self).__name__}", self.mamba_methods)
+            params.component_registry_override = {self.mamba: patched}
+        return params
+
+    def make_cache(self, allocator: Any, page_size: int) -> Any:
+        cls = _subclass(self.unified_class, f"Patched{type(self).__name__}", self.methods)
+        cache = cls(self.cache_params(allocator, page_size))
+        if self.lru_methods:
+            lru = cache.tree_core.lru_lists[self.mamba]
+            lru.__class__ = _subclass(type(lru), f"PatchedLRU{type(self).__name__}", self.lru_methods)
+        return cache
+
+
+class MambaStateBlindMatch(_PatchedMamba):
+    """The MAMBA component's match validator accepts every node: a match may end where no state is held."""
+
+    name = "sglang-mamba-state-blind-match"
+    mamba_methods = (("create_match_validator", _validator_ignoring_states),)
+
+
+class MambaMatchGivesUp(_PatchedMamba):
+    """``match_prefix`` answers no hit when the deepest full-KV match holds no state, instead of the
+    deepest node that does."""
+
+    name = "sglang-mamba-match-gives-up"
+    methods = (("match_prefix", _match_giving_up),)
+
+
+class MambaEvictMisreports(_PatchedMamba):
+    """``evict`` reports the states it was asked for, not those it dropped."""
+
+    name = "sglang-mamba-evict-misreports"
+    methods = (("evict", _evict_reporting_the_state_request),)
+
+
+class MambaEvictionIgnoresLocks(_PatchedMamba):
+    """The MAMBA LRU list's walk does not skip locked nodes: state eviction drops a held lock's state."""
+
+    name = "sglang-mamba-eviction-ignores-locks"
+    lru_methods = (("get_prev_no_lock", _previous_ignoring_locks),)
+
+
+class MambaInsertDropsState(_PatchedMamba):
+    """The MAMBA insert hook leaves a new leaf without the state it was given."""
+
+    name = "sglang-mamba-insert-drops-state"
+    mamba_methods = (("commit_insert_component_data", _commit_keeping_no_new_state),)
+
+
+class MambaCleanupLeaks(_PatchedMamba):
+    """The component's cleanup after an insertion never frees a state the cache did not take."""
+
+    name = "sglang-mamba-cleanup-leaks"
+    mamba_methods = (("cleanup_after_caching_req", _cleanup_keeping_duplicates),)
+
+
+#: Each broken FULL+MAMBA cache and the state rule it must be convicted of.
+BROKEN_MAMBA = {
+    MambaStateBlindMatch: "KV-TREE-022",
+    MambaMatchGivesUp: "KV-TREE-023",
+    MambaEvictMisreports: "KV-TREE-024",
+    MambaEvictionIgnoresLocks: "KV-TREE-025",
+    MambaInsertDropsState: "KV-TREE-026",
+    MambaCleanupLeaks: "KV-TREE-027",
 }

@@ -1,0 +1,104 @@
+"""SGLang 0.5.23's UnifiedRadixCache with its FULL and MAMBA components in the prefix-tree suite, state
+component included (run by ``make test-sglang`` in .venv-sglang; skipped where SGLang is not installed).
+
+The real cache passes every rule it is judged on, the state rules KV-TREE-022 .. 027 with checks, over
+the Python and the Rust tree core; broken caches made by patching one method of SGLang's real cache, of
+its MAMBA component or of the component's LRU list are each convicted of the state rule they break, by
+a bounded run whose counterexample fails again on replay and on a written case the real cache passes.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvoracle.conformance.engines.sglang_import import SGLangUnavailable, import_sglang
+
+try:
+    API = import_sglang()
+except SGLangUnavailable as missing:
+    pytest.skip(f"SGLang is not installed here ({missing}); make test-sglang installs it", allow_module_level=True)
+
+from broken_sglang_engines import (
+    BROKEN_MAMBA,
+    MambaCleanupLeaks,
+    MambaEvictionIgnoresLocks,
+    MambaEvictMisreports,
+    MambaInsertDropsState,
+    MambaMatchGivesUp,
+    MambaStateBlindMatch,
+)
+from tree_meta import assert_convicted, outcomes, run
+
+from kvoracle.conformance.engines.sglang_mamba import SGLangUnifiedMamba, SGLangUnifiedMambaRust
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.verdicts import RuleViolation
+from kvoracle.conformance.prefix_tree import MAMBA_RULES, WINDOW_RULES, Arrive, EvictStates, Peek, Serve, TreeSetup
+
+PROMPT = (1, 2, 3, 4)
+
+
+def _setup(page_size: int = 1) -> TreeSetup:
+    """Pages of ``page_size`` tokens, room for eight, one prompt of four tokens, five state slots."""
+    return TreeSetup(page_size, 8, (PROMPT,), states=5)
+
+
+#: A written case per broken cache: the real cache replays it clean, the broken one fails it on its rule.
+CASES = {
+    # The prompt is one node with a state at its end; a lookup of [1, 2] splits it: no state there.
+    MambaStateBlindMatch: [_setup(), Serve(1, 0), Peek(2, 0, 0, 2)],
+    # States at the ends of [1, 2] and [1, 2, 3, 4]; a lookup of [1, 2, 3] hits [1, 2].
+    MambaMatchGivesUp: [_setup(), Serve(1, 0, 0, 2), Serve(2, 0), Peek(3, 0, 0, 3)],
+    # Two states, three asked for: two dropped.
+    MambaEvictMisreports: [_setup(), Serve(1, 0, 0, 2), Serve(2, 0), EvictStates(3)],
+    # A request locks the whole prompt: its one state is the lock's, nothing is evictable.
+    MambaEvictionIgnoresLocks: [_setup(), Serve(1, 0), Arrive(2, 0), EvictStates(1)],
+    # The prompt's first insertion makes a new leaf, which holds the state it was given.
+    MambaInsertDropsState: [_setup(), Serve(1, 0)],
+    # The second insertion of the prompt finds its state held (mamba_exist): the given one is freed.
+    MambaCleanupLeaks: [_setup(), Serve(1, 0), Serve(2, 0)],
+}
+
+
+@pytest.mark.parametrize("engine", [SGLangUnifiedMamba, SGLangUnifiedMambaRust], ids=["python", "rust"])
+def test_the_real_mamba_cache_passes_every_rule_it_is_judged_on(engine):
+    result = run(engine, max_examples=200, max_rounds=1)
+    found = outcomes(result)
+    assert result.ok, found
+    assert found.pop("KV-TREE-008") == "not-applicable"
+    assert {found.pop(rule_id) for rule_id in WINDOW_RULES} == {"not-applicable"}, found
+    assert set(found.values()) == {"pass"}, found
+    unchecked = [rule_id for rule_id in MAMBA_RULES if not result.verdicts.outcomes[rule_id].checks]
+    assert not unchecked, unchecked
+
+
+def test_every_broken_mamba_cache_has_a_written_case():
+    assert set(CASES) == set(BROKEN_MAMBA)
+
+
+@pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
+def test_the_written_case_replays_clean_on_the_real_cache(broken):
+    replay("prefix-tree", SGLangUnifiedMamba, CASES[broken])
+
+
+@pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
+def test_broken_mamba_cache_fails_its_written_case_on_its_rule(broken):
+    with pytest.raises(RuleViolation) as caught:
+        replay("prefix-tree", broken, CASES[broken])
+    assert caught.value.rule_id == BROKEN_MAMBA[broken]
+
+
+@pytest.mark.parametrize(("broken", "rule_id"), list(BROKEN_MAMBA.items()), ids=[b.name for b in BROKEN_MAMBA])
+def test_broken_mamba_cache_is_convicted_of_its_rule(broken, rule_id):
+    assert_convicted(broken, rule_id)
+
+
+@pytest.mark.parametrize("page_size", [1, 2, 4])
+def test_the_cache_has_both_components_and_the_state_slots_asked_for(page_size):
+    cache = SGLangUnifiedMamba()
+    cache.configure(_setup(page_size))
+    assert cache.cache.tree_components == (cache.full, cache.mamba)
+    assert cache.observe().state_free == 5
+    # Above page size 1 SGLang's Mamba component needs the extra buffer, which the adapter turns on.
+    assert cache.cache.enable_mamba_extra_buffer == (page_size > 1)
+    with pytest.raises(ValueError, match="states"):
+        cache.configure(TreeSetup(1, 8, (PROMPT,)))
