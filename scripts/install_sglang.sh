@@ -58,7 +58,7 @@ packages=(
 )
 
 # The test pins of requirements-dev.txt that the SGLang environment needs (`make test-sglang`).
-mapfile -t test_pins < <(grep -E '^(pytest|hypothesis|attrs|icontract)==' requirements-dev.txt)
+mapfile -t test_pins < <(grep -E '^(pytest|pytest-xdist|hypothesis|attrs|icontract)==' requirements-dev.txt)
 
 # Exits 0 when the environment's SGLang is the wanted release, importable through kvoracle's
 # loader (the torchvision stub included) on a CPU torch.

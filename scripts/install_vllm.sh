@@ -134,7 +134,7 @@ case "$minor" in
 esac
 
 # The test pins of requirements-dev.txt that the vLLM environment needs (`make test-vllm`).
-mapfile -t test_pins < <(grep -E '^(pytest|hypothesis|attrs|icontract)==' requirements-dev.txt)
+mapfile -t test_pins < <(grep -E '^(pytest|pytest-xdist|hypothesis|attrs|icontract)==' requirements-dev.txt)
 
 # Exits 0 when the environment holds the wanted vLLM, importable with every module
 # kvoracle's vLLM engines use, on a CPU torch.
