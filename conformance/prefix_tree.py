@@ -11,12 +11,14 @@ and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency), ``sgl
 (SGLang 0.5.23's ``RadixCache`` with its token allocators, segment recency;
 ``scripts/install_sglang.sh``), and ``sglang-unified`` / ``sglang-unified-rust`` (its
 ``UnifiedRadixCache``, FULL component only, over the Python or the Rust tree core),
-``sglang-unified-mamba`` / ``sglang-unified-mamba-rust`` (its FULL and MAMBA components: a state
-component, KV-TREE-022 .. 027; :mod:`.engines.sglang_mamba`); and each
-of them in a paged KV store that SGLang's model runner writes through the engine's slot
-indices, judged by the data rules KV-DATA-001 .. 004 as well (``paged-reference``,
-``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``;
-:mod:`.engines.prefix_tree_store`).
+``sglang-unified-swa`` / ``sglang-unified-swa-rust`` (its FULL and SWA components: a window
+component, KV-TREE-016 .. 021; :mod:`.engines.sglang_swa`), ``sglang-unified-mamba`` /
+``sglang-unified-mamba-rust`` (its FULL and MAMBA components: a state component, KV-TREE-022 ..
+027; :mod:`.engines.sglang_mamba`); and, but for the state component, each of them in a paged KV
+store that SGLang's model runner writes through the engine's slot indices (window KV through its
+window slots), judged by the data rules KV-DATA-001 .. 004 as well (``paged-reference``,
+``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``,
+``paged-sglang-unified-swa``, ``paged-sglang-unified-swa-rust``; :mod:`.engines.prefix_tree_store`).
 
 Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|sglang-unified|module:Class]``.
 """
