@@ -10,7 +10,9 @@ off, ``"align"`` with it on (vLLM derives the mode from
 (KV-HLC-008). This chapter is about the ``"align"`` mode.
 
 Words used below. ``B`` is the Mamba group's block size, which in kvoracle is
-also the hash block size (KV-MAMBA-003). A block of the table is a *state
+also the hash block size (KV-MAMBA-003) -- except in the partial-hit rules
+(KV-MAMBA-019 .. KV-MAMBA-025), where ``h`` is the hash block size and ``B`` a
+larger multiple of it. A block of the table is a *state
 page*: table entry ``i`` stands for the state after ``(i + 1) * B`` tokens.
 ``s`` is the spec's ``num_speculative_blocks`` (the pages MTP/EAGLE drafting
 needs beyond the running state). ``A`` is the alignment of hits: the block
@@ -40,7 +42,10 @@ larger than the hash block with caching on. The latter is what turns on vLLM's
 tail entry registered at the prompt's last hash boundary, and the
 copy-on-write of that shared tail (a request resuming inside a block gets a
 private copy of the state page, or, while it still writes the page, the cache
-entry moves to the copy). Sparse checkpoint retention
+entry moves to the copy). KV-MAMBA-019 to KV-MAMBA-025 now state those
+behaviours (below), but the reference does not implement them yet: it still
+rejects the configuration, and the rules wait on the gap list until the
+reference and the manager suite follow. Sparse checkpoint retention
 (``prefix_cache_retention_interval``), the shared-prefix checkpoint
 (``enable_mamba_shared_prefix_checkpoint``), look-ahead hashes and KV
 connectors are not kvoracle parameters at all: the engines run with them off.
@@ -162,6 +167,32 @@ pass strictly inside the step. vLLM's scheduler produces neither -- drafts ride
 only on one real token a step, and prefill chunks obey KV-MAMBA-016 -- but an
 engine's caller may (kvoracle's own driver does), and they are then left
 unjudged.
+
+**Partial hits** (KV-MAMBA-019 .. KV-MAMBA-025; stated, not yet implemented by
+the reference nor judged). With several KV-cache groups, vLLM lets a hit end
+inside a Mamba block when an align-mode Mamba group's block ``B`` is a larger
+multiple of the hash block ``h`` and every other group can look hits up at ``h``
+(full attention and Mamba can; a sliding-window or chunked-local group only
+with block ``h``): the alignment of hits becomes ``A = h`` (KV-MAMBA-019). The
+Mamba hit is then the last hash boundary ``L`` whose key is cached, under a
+page's positional key or a *partial entry*; it is *partial* when ``L`` is not a
+multiple of ``B``, and its last page, entry ``L // B``, is shared with the cache
+(KV-MAMBA-020). Partial entries come from one place: the state after the
+prompt's last hash boundary ``b``, at which the scheduler ends a chunk, is keyed
+at the page that holds it, the running page of the step that ends there
+(KV-MAMBA-021); a checkpoint inside a block keeps its key only at the prompt's
+checkpoint position. A shared page must not be written, and the runner writes
+the running page of each step. So a state page is copied, one page more in the
+allocation's need (KV-MAMBA-022), in one of two ways. A request *resuming*
+inside a shared page gets a private copy in its table on its first allocation
+and the cache keeps the shared page (KV-MAMBA-023). A request that *produced*
+a partial tail and goes on writing that page keeps it, and the cache entry
+moves to the copy at its next allocation (KV-MAMBA-024): the runner's table of
+a running request only grows. The runner makes the copy before the step's
+forward; both pages are held one reference more until then, and afterwards
+only the tables hold them -- a producer's copy none: it waits in the free queue,
+cached under the tail key (KV-MAMBA-025). Either way the page a key names is
+never the page a request writes next.
 """
 
 from __future__ import annotations
@@ -212,7 +243,8 @@ KV_MAMBA_003 = rule(
     "Sub-block Mamba hits and a cache mode that contradicts prefix caching are rejected",
     """With prefix caching on, a Mamba group's block size must equal hash_block_size: a
     larger one turns on vLLM's fine-grained partial hits (sub-block hits, partial tail
-    entries and their copy-on-write), which kvoracle does not specify. mamba_cache_mode
+    entries and their copy-on-write), which KV-MAMBA-019 to KV-MAMBA-025 state but the
+    reference does not implement yet (they are on the gap list). mamba_cache_mode
     must be "align" with prefix caching on and "none" with it off: vLLM derives the mode
     from enable_prefix_caching, and its MambaManager refuses caching in "none" mode. (Until
     the align chapter, align-mode allocation was out of scope here too; KV-MAMBA-004 to
@@ -450,6 +482,125 @@ KV_MAMBA_018 = rule(
               "the paged store's runner follows it and KV-MAMBA-014/015 judge the pages it writes (vLLM "
               "0.33.0's runner reads by position instead, a finding); checked by the spec tests",
 )
+
+# -- fine-grained partial hits (KV-MAMBA-019 .. KV-MAMBA-025) ------------------------------------
+# The reference does not implement these yet (KV-MAMBA-003 still rejects the configuration); they
+# are on the gap list (registry.NOT_YET_JUDGED) until the reference and the manager suite do.
+KV_MAMBA_019 = rule(
+    "KV-MAMBA-019",
+    "Partial hits are on where a Mamba block is coarser than the hash block and every group can follow",
+    """With prefix caching on and several KV-cache groups (one group requires B = h), vLLM turns
+    fine-grained partial hits on when some align-mode Mamba group's block B is larger than the hash
+    block h and every other cacheable group either looks hits up at hash-block granularity (full
+    attention, Mamba) or has block h (a sliding-window or chunked-local group with a larger block
+    turns them off). Then hits are aligned to A = h instead of the scheduler block size, and the
+    tokens a group caches are not rounded down to A.""",
+    source="vllm/v1/core/kv_cache_utils.py partial_hash_hits_enabled; "
+           f"{COORD} HybridKVCacheCoordinator.__init__ (enable_partial_hash_hits) / "
+           "_cache_hit_alignment_tokens / _align_cacheable; "
+           f"{COORD} UnitaryKVCacheCoordinator.__init__ (hash_block_size == block_size); "
+           f"{SCHED} Scheduler.__init__ (mamba_partial_cache_hit)",
+    chapter=CHAPTER,
+)
+KV_MAMBA_020 = rule(
+    "KV-MAMBA-020",
+    "A partial hit ends on the last cached hash boundary, inside a Mamba block if need be",
+    """With partial hits on, the Mamba finder scans hash units right to left from unit
+    min(max_length // h, number of hashes) - 1; the hit ends after the first unit f whose key,
+    the hash of the prefix of L = (f + 1) * h tokens, is cached in the group, under a page's
+    positional key (L a multiple of B) or a partial entry (KV-MAMBA-021). It is cdiv(L, B) - 1
+    null entries, then the page the cache holds under that key (the first one). Where L is not a
+    multiple of B the hit is partial: it ends inside the block of entry L // B, whose page the
+    request shares with the cache (KV-MAMBA-023). Where only positional keys are cached, the hit
+    is KV-MAMBA-001's.""",
+    source=f"{STKV} MambaManager.find_longest_cache_hit (fine-grained branch) / "
+           "SingleTypeKVCacheManager._has_partial_local_hit; vllm/v1/core/kv_cache_utils.py "
+           "resolve_block_hashes (the raw hashes kept for fine-grained lookups)",
+    chapter=CHAPTER,
+)
+KV_MAMBA_021 = rule(
+    "KV-MAMBA-021",
+    "The prompt's last hash boundary is keyed at the page holding its state: the partial tail",
+    """With partial hits on, let b be the prompt's last hash boundary: the last multiple of h at
+    most P - 1 (with EAGLE's drop, at most P, less h). The scheduler ends a prefill chunk at b
+    unless the chunk exports it as a checkpoint. After an allocation that reserves no checkpoint,
+    when the tokens the group caches equal b, the page in entry cdiv(b, B) - 1 -- if the table
+    reaches it, it is not null and it is not keyed at b already -- is keyed at the prefix of b
+    tokens; keys it carried for fewer tokens are dropped first. Where b is not a multiple of B
+    this is a partial tail entry: the entry counts as not cached (its page is cached at its
+    positional key when the block fills) and the request is the tail's producer (KV-MAMBA-024).
+    The key counts as cached this step (KV-MAMBA-009). A reserved checkpoint (KV-MAMBA-006, at a
+    multiple of h) keeps the key KV-MAMBA-011 gives it only on a block boundary or at the prompt's
+    checkpoint position; inside a block elsewhere its page loses every key (a transient state).""",
+    source=f"{STKV} MambaManager._cache_partial_tail_block (both branches) / cache_blocks; "
+           "vllm/v1/core/block_pool.py BlockPool.cache_partial_block; "
+           "vllm/v1/kv_cache_interface.py get_mamba_prefill_checkpoint_position; "
+           f"{SCHED} Scheduler._mamba_block_aligned_split (tail_boundary)",
+    chapter=CHAPTER,
+)
+KV_MAMBA_022 = rule(
+    "KV-MAMBA-022",
+    "An allocation with a copy due needs one page more",
+    """An align-mode allocation with a copy due -- a request's first allocation adopting a
+    partial hit (KV-MAMBA-023), or the next allocation of a request that registered a partial
+    tail (KV-MAMBA-024) -- needs one free page more than KV-MAMBA-007 and KV-MAMBA-008 say, the
+    copy (unless the hit is deferred, KV-MAMBA-009). The allocation is never skipped then, even
+    where the table is long enough (KV-MAMBA-004's unchanged table does not apply).""",
+    source=f"{STKV} MambaManager.get_num_blocks_to_allocate (has_partial_hit, physical_block_cap) / "
+           "allocate_new_blocks (early return skipped with a partial hit)",
+    chapter=CHAPTER,
+)
+KV_MAMBA_023 = rule(
+    "KV-MAMBA-023",
+    "A request resuming inside a shared page gets a private copy of it",
+    """On its first allocation, a request adopting a partial hit of L tokens takes the copy from
+    the pool first and puts it in entry L // B in place of the shared page, and a copy of the
+    shared page into it is queued; the runner makes it before the step's forward, so the request
+    reads the state after L from its own page and never writes the shared one. The allocation
+    returns the copy first, then the table's new entries (KV-MAMBA-004). The shared page keeps its
+    keys; the copy has none, and entry L // B counts as not cached, so the copy is cached at its
+    positional key when its block fills (KV-MAMBA-011).""",
+    source=f"{STKV} SingleTypeKVCacheManager.add_local_computed_blocks (_partial_hit_reqs) / "
+           "_apply_cow; MambaManager.allocate_new_blocks (partial_hit, not blocks_allocated); "
+           "vllm/v1/worker/utils.py copy_kv_cache_blocks_inplace; vllm/v1/worker/gpu_model_runner.py "
+           "GPUModelRunner._update_states (the copies before the forward)",
+    chapter=CHAPTER,
+)
+KV_MAMBA_024 = rule(
+    "KV-MAMBA-024",
+    "A request still writing its partial tail moves the cache entry to a copy",
+    """A request that registered a partial tail at entry j (KV-MAMBA-021) writes page j again in
+    its next step. At its next allocation it takes the copy from the pool, every key of page j
+    moves to the copy (the first with its token count), and a copy of page j into it is queued,
+    which the runner makes before the forward overwrites page j. The request's table keeps page j
+    (a running request's table only grows) and the copy is in no table. The moved key counts as
+    cached this step: a hit on it waits for the next step (KV-MAMBA-009). Page j, without keys
+    now, is cached at its positional key when its block fills. A request freed before that
+    allocation releases page j with the tail key, and nothing is copied.""",
+    source=f"{STKV} MambaManager.allocate_new_blocks (partial_hit with blocks_allocated: "
+           "move_block_hashes, cached_blocks_this_step) / pop_blocks_for_free; "
+           "vllm/v1/core/block_pool.py BlockPool.move_block_hashes",
+    chapter=CHAPTER,
+)
+KV_MAMBA_025 = rule(
+    "KV-MAMBA-025",
+    "Both pages of a copy are held until it has run; then only the tables hold them",
+    """From the allocation that queues a copy until the scheduler hands it to the runner (with
+    deferred frees, until the step that runs it has completed), the source page holds one
+    reference more than the tables holding it (a consumer's hit reference, or one taken for the
+    producer) and the copy one more than the tables holding it, so neither can be reused before
+    the copy has run. Then both are released: the source page keeps the references of the tables
+    holding it (a consumer's shared page may drop to 0 and return to the free queue, cached), a
+    consumer's copy has 1, and a producer's copy 0: it returns to the free queue still cached
+    under the moved keys. The page named by the partial key is then one no request writes, and
+    holds the state after the key's tokens (KV-MAMBA-015).""",
+    source=f"{STKV} SingleTypeKVCacheManager._apply_cow (cow_block.ref_cnt += 1) / "
+           "MambaManager.allocate_new_blocks (source_block.ref_cnt += 1); "
+           f"{MGR} KVCacheManager.take_kv_cache_block_copies; {SCHED} Scheduler.schedule / "
+           "_free_cow_retained_blocks",
+    chapter=CHAPTER,
+)
+
 
 # -- the hit (KV-MAMBA-001, KV-MAMBA-002) ------------------------------------------------------
 @icontract.require(lambda block_size: block_size > 0, enabled=ENABLED)
@@ -997,3 +1148,265 @@ def aligned_chunk_end(start: int, end: int, prefill_end: int, block_size: int) -
     if start % block_size and end > next_boundary:
         return next_boundary
     return end
+
+
+# -- fine-grained partial hits (KV-MAMBA-019 .. KV-MAMBA-025) ------------------------------------
+#: The group kinds (as :mod:`kvoracle.spec.hybrid` names them) whose managers look hits up at
+#: hash-block granularity in vLLM 0.33.0 (``supports_fine_grained_hash_lookup``).
+FINE_GRAINED_KINDS = ("full", "mamba")
+_GROUP_KINDS = ("full", "sliding_window", "chunked_local", "mamba")
+
+
+def _groups_ok(kinds: tuple[str, ...], block_sizes: tuple[int, ...], hash_block_size: int) -> bool:
+    return (hash_block_size > 0 and len(kinds) == len(block_sizes) > 0
+            and all(kind in _GROUP_KINDS for kind in kinds)
+            and all(size > 0 and size % hash_block_size == 0 for size in block_sizes))
+
+
+@icontract.require(lambda kinds, block_sizes, hash_block_size: _groups_ok(kinds, block_sizes, hash_block_size),
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, kinds: not result or len(kinds) >= 2,
+                  "one group keeps B = h: no partial hits", enabled=ENABLED)
+@icontract.ensure(lambda result, kinds, block_sizes, hash_block_size: not result or any(
+    kind == "mamba" and size > hash_block_size for kind, size in zip(kinds, block_sizes)), enabled=ENABLED)
+@icontract.ensure(lambda result, kinds, block_sizes, hash_block_size: not result or all(
+    kind in FINE_GRAINED_KINDS or size == hash_block_size for kind, size in zip(kinds, block_sizes)),
+    "every group can look up hash boundaries", enabled=ENABLED)
+@icontract.ensure(lambda result, kinds, block_sizes, hash_block_size: not result or not all(
+    size == hash_block_size for kind, size in zip(kinds, block_sizes) if kind == "mamba"),
+    "KV-MAMBA-003's groups (Mamba block = hash block) never turn them on", enabled=ENABLED)
+@defines(KV_MAMBA_019)
+def partial_hits_enabled(kinds: tuple[str, ...], block_sizes: tuple[int, ...], hash_block_size: int) -> bool:
+    """Whether vLLM 0.33.0 turns fine-grained partial hits on for these cacheable groups (an
+    align-mode Mamba group with caching on; ``kinds`` as :mod:`kvoracle.spec.hybrid` names them)."""
+    if len(kinds) < 2:
+        return False
+    coarse_mamba = any(kind == "mamba" and size > hash_block_size for kind, size in zip(kinds, block_sizes))
+    others_follow = all(kind in FINE_GRAINED_KINDS or size == hash_block_size
+                        for kind, size in zip(kinds, block_sizes))
+    return coarse_mamba and others_follow
+
+
+@icontract.require(lambda kinds, block_sizes, hash_block_size, scheduler_block_size:
+                   _groups_ok(kinds, block_sizes, hash_block_size) and scheduler_block_size > 0
+                   and all(scheduler_block_size % size == 0 for size in block_sizes), enabled=ENABLED)
+@icontract.ensure(lambda result, kinds, block_sizes, hash_block_size, scheduler_block_size:
+                  result == (hash_block_size if partial_hits_enabled(kinds, block_sizes, hash_block_size)
+                             else scheduler_block_size), enabled=ENABLED)
+@icontract.ensure(lambda result, hash_block_size: result % hash_block_size == 0, enabled=ENABLED)
+@defines(KV_MAMBA_019)
+def hit_alignment(kinds: tuple[str, ...], block_sizes: tuple[int, ...], hash_block_size: int,
+                  scheduler_block_size: int) -> int:
+    """The alignment ``A`` of hits: the hash block with partial hits on, else the scheduler block
+    size (the LCM of the groups' block sizes)."""
+    if partial_hits_enabled(kinds, block_sizes, hash_block_size):
+        return hash_block_size
+    return scheduler_block_size
+
+
+def _page_keys_only(cached: tuple[bool, ...], units_per_block: int) -> bool:
+    return all(not hit or (f + 1) % units_per_block == 0 for f, hit in enumerate(cached))
+
+
+@icontract.require(lambda max_length, block_size, hash_block_size: max_length >= 0 and hash_block_size > 0
+                   and block_size > hash_block_size and block_size % hash_block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, max_length, hash_block_size: 0 <= result <= max_length
+                  and result % hash_block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, cached, hash_block_size: result == 0 or cached[result // hash_block_size - 1],
+                  "the hit's key is cached", enabled=ENABLED)
+@icontract.ensure(lambda result, cached, max_length, hash_block_size: not any(
+    cached[f] for f in range(result // hash_block_size, min(max_length // hash_block_size, len(cached)))),
+    "no later cached boundary within the bound", enabled=ENABLED)
+@icontract.ensure(lambda result, cached, max_length, block_size, hash_block_size:
+                  not _page_keys_only(cached, block_size // hash_block_size)
+                  or result == hit_length(tuple(cached[(i + 1) * (block_size // hash_block_size) - 1]
+                                                for i in range(len(cached) // (block_size // hash_block_size))),
+                                          max_length, block_size, block_size),
+                  "with positional keys only, KV-MAMBA-001's hit", enabled=ENABLED)
+@defines(KV_MAMBA_020)
+def partial_hit_length(cached: tuple[bool, ...], max_length: int, block_size: int, hash_block_size: int) -> int:
+    """The Mamba hit in tokens with partial hits on: ``cached[f]`` says whether the key of the
+    prefix of ``(f + 1) * hash_block_size`` tokens is cached in the group (a page's positional
+    key or a partial entry)."""
+    for f in range(min(max_length // hash_block_size, len(cached)) - 1, -1, -1):
+        if cached[f]:
+            return (f + 1) * hash_block_size
+    return 0
+
+
+@icontract.require(lambda hit_tokens, block_size: hit_tokens >= 0 and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, hit_tokens, block_size: result == -1
+                  or result * block_size < hit_tokens < (result + 1) * block_size,
+                  "the hit ends strictly inside the shared entry's block", enabled=ENABLED)
+@icontract.ensure(lambda result, hit_tokens, block_size: (result == -1) == (hit_tokens % block_size == 0),
+                  enabled=ENABLED)
+@defines(KV_MAMBA_020, KV_MAMBA_023)
+def shared_entry(hit_tokens: int, block_size: int) -> int:
+    """The table entry whose page a hit of ``hit_tokens`` leaves shared with the cache -- the
+    hit's last entry, ``cdiv(L, B) - 1`` -- or -1 when the hit is not partial."""
+    if hit_tokens % block_size == 0:
+        return -1
+    return hit_tokens // block_size
+
+
+def _tail_args_ok(num_tokens: int, num_prompt_tokens: int, hash_block_size: int, block_size: int,
+                  is_null: tuple[bool, ...], keyed_tokens: tuple[int, ...]) -> bool:
+    return (num_tokens >= 0 and num_prompt_tokens > 0 and hash_block_size > 0 and block_size > hash_block_size
+            and block_size % hash_block_size == 0 and len(keyed_tokens) == len(is_null)
+            and all(k >= 0 for k in keyed_tokens))
+
+
+@icontract.require(lambda num_tokens, num_prompt_tokens, hash_block_size, block_size, is_null, keyed_tokens:
+                   _tail_args_ok(num_tokens, num_prompt_tokens, hash_block_size, block_size, is_null, keyed_tokens),
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, checkpoint_due: result == -1 or not checkpoint_due,
+                  "a step with a checkpoint keys the checkpoint instead", enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, num_prompt_tokens, hash_block_size, drop_eagle: result == -1 or (
+    num_tokens > 0 and num_tokens == checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle)),
+    "only at the prompt's last hash boundary", enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size: result == -1 or result == cdiv(num_tokens, block_size) - 1,
+                  "the page holding the state after the boundary", enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, is_null, keyed_tokens: result == -1 or (
+    not is_null[result] and keyed_tokens[result] != num_tokens), "a page, not keyed there already",
+    enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, num_prompt_tokens, hash_block_size, block_size, drop_eagle,
+                  checkpoint_due, is_null, keyed_tokens:
+                  result != -1 or checkpoint_due or num_tokens == 0
+                  or num_tokens != checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle)
+                  or cdiv(num_tokens, block_size) > len(is_null) or is_null[cdiv(num_tokens, block_size) - 1]
+                  or keyed_tokens[cdiv(num_tokens, block_size) - 1] == num_tokens,
+                  "a due tail entry is registered", enabled=ENABLED)
+@defines(KV_MAMBA_021)
+def tail_entry(num_tokens: int, num_prompt_tokens: int, hash_block_size: int, block_size: int, drop_eagle: bool,
+               checkpoint_due: bool, is_null: tuple[bool, ...], keyed_tokens: tuple[int, ...]) -> int:
+    """The table entry keyed at the prompt's last hash boundary after an allocation whose group
+    caches ``num_tokens`` tokens, or -1 for none.
+
+    ``keyed_tokens[i]`` is the token count of entry ``i``'s page key (0: none); ``checkpoint_due``
+    whether the allocation reserved a checkpoint (KV-MAMBA-006). The entry is a partial tail
+    (its request the tail's producer, KV-MAMBA-024) when ``num_tokens`` is not a multiple of
+    ``block_size``.
+    """
+    boundary = checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle)
+    if checkpoint_due or num_tokens == 0 or num_tokens != boundary:
+        return -1
+    index = cdiv(num_tokens, block_size) - 1
+    if index >= len(is_null) or is_null[index] or keyed_tokens[index] == num_tokens:
+        return -1
+    return index
+
+
+@icontract.require(lambda position, num_prompt_tokens, hash_block_size, block_size:
+                   position > 0 and position % hash_block_size == 0 and num_prompt_tokens > 0
+                   and hash_block_size > 0 and block_size > hash_block_size
+                   and block_size % hash_block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, position, block_size: result or position % block_size != 0,
+                  "a checkpoint on a block boundary keeps its key", enabled=ENABLED)
+@icontract.ensure(lambda result, position, num_prompt_tokens, hash_block_size, block_size, drop_eagle:
+                  not result or position % block_size == 0
+                  or position == checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle),
+                  "inside a block, only the prompt's checkpoint", enabled=ENABLED)
+@defines(KV_MAMBA_021)
+def checkpoint_keeps_key(position: int, num_prompt_tokens: int, hash_block_size: int, block_size: int,
+                         drop_eagle: bool) -> bool:
+    """Whether a checkpoint reserved at ``position`` (KV-MAMBA-006) keeps the key KV-MAMBA-011
+    gives it, with partial hits on; otherwise its page loses every key."""
+    return (position % block_size == 0
+            or position == checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle))
+
+
+#: What an allocation does about a shared page (:func:`copy_action`).
+NO_COPY = 0
+#: KV-MAMBA-023: the request's table takes the copy, the cache keeps the shared page.
+PRIVATE_COPY = 1
+#: KV-MAMBA-024: the request keeps its page, the cache entry moves to the copy.
+MOVED_ENTRY = 2
+#: The two pages of a copy (:func:`copy_pages`).
+SOURCE = 0
+COPY = 1
+
+
+@icontract.require(lambda partial_hit, tail_pending, allocated: not (partial_hit and allocated)
+                   and not (tail_pending and not allocated),
+                   "a hit is adopted on a first allocation; a tail is registered after one", enabled=ENABLED)
+@icontract.ensure(lambda result, partial_hit, tail_pending:
+                  (result == NO_COPY) == (not partial_hit and not tail_pending), enabled=ENABLED)
+@icontract.ensure(lambda result, allocated: result != PRIVATE_COPY or not allocated, enabled=ENABLED)
+@icontract.ensure(lambda result, allocated: result != MOVED_ENTRY or allocated, enabled=ENABLED)
+@defines(KV_MAMBA_022, KV_MAMBA_023, KV_MAMBA_024)
+def copy_action(partial_hit: bool, tail_pending: bool, allocated: bool) -> int:
+    """What an align-mode allocation does about a shared page: ``partial_hit`` whether the request
+    adopts a partial hit (:func:`shared_entry`), ``tail_pending`` whether it registered a partial
+    tail at its last caching (:func:`tail_entry`), ``allocated`` whether it has allocated before."""
+    if partial_hit:
+        return PRIVATE_COPY
+    if tail_pending:
+        return MOVED_ENTRY
+    return NO_COPY
+
+
+@icontract.require(lambda action: action in (PRIVATE_COPY, MOVED_ENTRY), enabled=ENABLED)
+@icontract.ensure(lambda result: result[0] != result[1],
+                  "the page the request writes is never the one the key names", enabled=ENABLED)
+@icontract.ensure(lambda result: set(result) == {SOURCE, COPY}, enabled=ENABLED)
+@defines(KV_MAMBA_023, KV_MAMBA_024)
+def copy_pages(action: int) -> tuple[int, int]:
+    """``(the page in the request's table at the entry, the page the shared keys name)`` after
+    a copy (:data:`SOURCE` or :data:`COPY`)."""
+    return (COPY, SOURCE) if action == PRIVATE_COPY else (SOURCE, COPY)
+
+
+@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held,
+                   num_evictable_hits, num_pool_blocks:
+                   num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0 and num_hit_blocks >= 0
+                   and num_held >= 0 and 0 <= num_evictable_hits <= min(num_hit_blocks, 1)
+                   and num_pool_blocks > 0, enabled=ENABLED)
+@icontract.require(lambda num_held, num_speculative_blocks, allocated:
+                   not allocated or num_held > num_speculative_blocks, enabled=ENABLED)
+@icontract.require(lambda num_tokens, block_size, checkpoint: not checkpoint or cdiv(num_tokens, block_size) >= 2,
+                   enabled=ENABLED)
+@icontract.require(lambda num_hit_blocks, num_held: num_hit_blocks == 0 or num_held == 0, enabled=ENABLED)
+@icontract.require(lambda action, num_hit_blocks, allocated: action in (NO_COPY, PRIVATE_COPY, MOVED_ENTRY)
+                   and (action != PRIVATE_COPY or (num_hit_blocks > 0 and not allocated))
+                   and (action != MOVED_ENTRY or allocated), enabled=ENABLED)
+@icontract.ensure(lambda result, action, deferred, num_hit_blocks: action == NO_COPY
+                  or (deferred and num_hit_blocks > 0) or result >= 1, "the copy is always taken", enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held,
+                  allocated, checkpoint, num_evictable_hits, deferred, num_pool_blocks, action:
+                  result == align_need(num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held,
+                                       allocated, checkpoint, num_evictable_hits, deferred, num_pool_blocks)
+                  + int(action != NO_COPY and not (deferred and num_hit_blocks > 0)),
+                  "KV-MAMBA-007's need and the copy", enabled=ENABLED)
+@defines(KV_MAMBA_022)
+def copy_need(num_tokens: int, block_size: int, num_speculative_blocks: int, num_hit_blocks: int, num_held: int,
+              allocated: bool, checkpoint: bool, num_evictable_hits: int, deferred: bool, num_pool_blocks: int,
+              action: int) -> int:
+    """The free blocks an align-mode allocation consumes with :func:`copy_action`'s ``action``
+    (the arguments before it are :func:`align_need`'s)."""
+    need = align_need(num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated,
+                      checkpoint, num_evictable_hits, deferred, num_pool_blocks)
+    if action == NO_COPY or (deferred and num_hit_blocks > 0):
+        return need
+    return need + 1
+
+
+@icontract.require(lambda action, source_table_refs: action in (PRIVATE_COPY, MOVED_ENTRY)
+                   and source_table_refs >= (1 if action == MOVED_ENTRY else 0),
+                   "a producer's own table holds its page", enabled=ENABLED)
+@icontract.ensure(lambda result, action, source_table_refs, released: released or (
+    result[0] == source_table_refs + 1 and result[1] == (2 if action == PRIVATE_COPY else 1)),
+    "until the copy has run, each page holds one reference more than its tables", enabled=ENABLED)
+@icontract.ensure(lambda result, released: released or min(result) >= 1,
+                  "neither page can be reused before the copy has run", enabled=ENABLED)
+@icontract.ensure(lambda result, action, source_table_refs, released: not released or result == (
+    source_table_refs, 1 if copy_pages(action)[0] == COPY else 0), "then only the tables hold them", enabled=ENABLED)
+@defines(KV_MAMBA_025)
+def copy_ref_counts(action: int, source_table_refs: int, released: bool) -> tuple[int, int]:
+    """``(the source page's references, the copy's)`` after an allocation that queued a copy:
+    ``source_table_refs`` is how many tables hold the source page after the allocation (a
+    consumer's shared page: the other requests'; a producer's page: its own and any sharers'),
+    ``released`` whether the scheduler has released the copy's retention (the copy has run)."""
+    copy_in_table = 1 if action == PRIVATE_COPY else 0
+    if released:
+        return (source_table_refs, copy_in_table)
+    return (source_table_refs + 1, copy_in_table + 1)

@@ -57,9 +57,19 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 #: The gap list: rules an engine adapter could observe but no suite judges yet, each
 #: with what a suite would need to judge it. Exactly the rules with neither
 #: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that). It was
-#: empty from KV-EXT-014 on; chapter 8's data rules wait here for a paged store of Mamba states
-#: (the manager suite judges the align mode's other rules).
-NOT_YET_JUDGED: dict[str, str] = {}
+#: empty from KV-EXT-014 on, until chapter 8 stated vLLM's fine-grained partial Mamba hits
+#: (KV-MAMBA-019 .. 025), which the reference does not implement yet.
+_PARTIAL_HITS_GAP = (
+    "the reference does not implement fine-grained partial Mamba hits yet (it rejects a Mamba block "
+    "larger than the hash block, KV-MAMBA-003), so the manager suite cannot generate them; judging "
+    "it needs the reference to accept such groups and model the rule, the manager suite to generate "
+    "hybrid configurations with a Mamba block a multiple of the hash block, and the vLLM adapter to "
+    "report the pending copies (issue 16)")
+NOT_YET_JUDGED: dict[str, str] = {
+    rule_id: _PARTIAL_HITS_GAP
+    for rule_id in ("KV-MAMBA-019", "KV-MAMBA-020", "KV-MAMBA-021", "KV-MAMBA-022", "KV-MAMBA-023",
+                    "KV-MAMBA-024", "KV-MAMBA-025")
+}
 
 
 @dataclass(frozen=True)

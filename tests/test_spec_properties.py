@@ -165,6 +165,12 @@ TESTED = {
     "mamba.num_required_entries", "mamba.checkpoint_exportable", "mamba.checkpoint_position",
     "mamba.exported_checkpoint",
     "mamba.aligned_chunk_end",  # tests/test_mamba_align_spec.py
+    # KV-MAMBA-018: tests/test_mamba_runner_view.py
+    "mamba.state_entry", "mamba.step_states", "mamba.passed_pages", "mamba.keyed_before_boundary",
+    # KV-MAMBA-019 .. 025 (partial hits): tests/test_mamba_partial_spec.py
+    "mamba.partial_hits_enabled", "mamba.hit_alignment", "mamba.partial_hit_length", "mamba.shared_entry",
+    "mamba.tail_entry", "mamba.checkpoint_keeps_key", "mamba.copy_action", "mamba.copy_pages",
+    "mamba.copy_need", "mamba.copy_ref_counts",
     # prefix_tree (chapter 14): property-tested in tests/test_prefix_tree_spec.py
     "prefix_tree.is_aligned_hit", "prefix_tree.longest_held_prefix", "prefix_tree.misread_positions",
     "prefix_tree.foreign_positions", "prefix_tree.is_prefix_closed", "prefix_tree.evicted_enough",
@@ -173,6 +179,9 @@ TESTED = {
     "prefix_tree.cache_sizes", "prefix_tree.locked_counts", "prefix_tree.first_invalid_tree_parameter",
     "prefix_tree.window_pages", "prefix_tree.window_hit_ok", "prefix_tree.longest_windowed_hit",
     "prefix_tree.window_locked_pages", "prefix_tree.window_eviction_ok", "prefix_tree.window_slots_balance",
+    "prefix_tree.state_hit_ok", "prefix_tree.longest_state_hit", "prefix_tree.state_eviction_ok",
+    "prefix_tree.state_locked_pages", "prefix_tree.insertion_leaves_state", "prefix_tree.insertion_adopts_state",
+    "prefix_tree.state_removals_ok", "prefix_tree.state_slots_balance",
 }
 
 
