@@ -8,7 +8,10 @@ mode (KV-HLC-008), sometimes one block per request. With caching on, where the
 engine claims ``mamba_align``, a Mamba group in "align" mode (chapter 8): its block
 the hash block (KV-MAMBA-003), 0 to 2 speculative pages, sometimes a prefill
 checkpoint page, alone or beside coarser groups (a hit alignment above its block),
-and scheduler steps (``new_step``) between the others (KV-MAMBA-009). A rule of its
+and scheduler steps (``new_step``) between the others (KV-MAMBA-009); requests that
+share a state cached in the current step, and decode steps whose rejected drafts leave
+the Mamba table longer than the next step needs, the pool crowded by requests of fresh
+tokens until a look-ahead falls short by no more than that (KV-MAMBA-008). A rule of its
 own prefills prompts that end inside a coarse full-attention block and finishes
 them at once, the case of vLLM's partial tail entries (KV-HLC-006). Features the
 engine does not claim (EAGLE, caching off, look-ahead, delayed caching, eviction,
@@ -25,6 +28,8 @@ from hypothesis.stateful import precondition, rule
 
 from kvoracle.spec import hybrid as hybrid_spec
 from kvoracle.spec import hybrid_lifecycle as spec
+from kvoracle.spec import lifecycle as lifecycle_spec
+from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec.lifecycle import cdiv
 
 from ..adapter import Capabilities
@@ -68,7 +73,9 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
     if caching and caps.mamba_align and draw(st.integers(0, 2), label="align mamba") == 0:  # chapter 8
         # The block is the hash block (KV-MAMBA-003); the other groups' blocks are multiples of
         # it, so a hit aligns above the Mamba block whenever one of them is coarser.
-        mamba = [hybrid_spec.MAMBA, hash_size, draw(st.sampled_from([0, 0, 1, 2]), label="num_speculative_blocks")]
+        # Speculative pages three times in four: a growing table moves them (KV-MAMBA-005) and
+        # keeps the last of them at its end (KV-MAMBA-013).
+        mamba = [hybrid_spec.MAMBA, hash_size, draw(st.sampled_from([0, 1, 1, 2]), label="num_speculative_blocks")]
         if not eagle and draw(st.integers(0, 3), label="mamba alone") == 0:  # EAGLE needs another group
             drafts = [mamba]
         else:
@@ -178,13 +185,41 @@ class GroupsRules:
         # per example, and with caching off no other rule would.
         setup = self.driver.setup
         warm = self._warm()
-        source = data.draw(st.sampled_from(warm), label="source") if warm else ()
-        suffix = data.draw(st.lists(TOKENS, min_size=0 if warm else 1, max_size=4), label="suffix")
+        fresh = self._fresh_states()
+        if fresh and data.draw(st.booleans(), label="fresh state"):
+            # A prefix ending on a Mamba state cached in this scheduler step: the hit waits for
+            # the next step (KV-MAMBA-009).
+            source = data.draw(st.sampled_from(fresh), label="source")
+            suffix = data.draw(st.lists(TOKENS, min_size=1, max_size=4), label="suffix")
+        else:
+            source = data.draw(st.sampled_from(warm), label="source") if warm else ()
+            suffix = data.draw(st.lists(TOKENS, min_size=0 if warm else 1, max_size=4), label="suffix")
         prompt = (source + tuple(suffix))[:setup.max_model_len - 1] or (0,)
         self.prompts.append(prompt)
         request_id = self.new_request_id()
         self.driver.apply(AddRequest(request_id, prompt))
         self.driver.apply(Schedule(request_id, data.draw(st.integers(1, len(prompt)), label="num_new_tokens")))
+
+    def _fresh_states(self) -> list[tuple[int, ...]]:
+        """Computed prefixes of live requests, each a whole number of aligned segments long,
+        whose last Mamba page an align-mode group cached in this scheduler step."""
+        setup = self.driver.setup
+        if not setup.align_groups:
+            return []
+        manager = self.driver.model.manager
+        alignment = _alignment(setup)
+        found = []
+        for request in self.driver.model.requests.values():
+            for end in range(alignment, request.num_computed_tokens + 1, alignment):
+                for g in setup.align_groups:
+                    group = manager.groups[g]
+                    index = end // group.block_size - 1
+                    if index < len(request.block_hashes) * request.hash_block_size // group.block_size and (
+                            group.coordinator.view_hash(request.block_hashes, group.block_size, index), g
+                    ) in group.cached_this_step:
+                        found.append(tuple(request.all_token_ids[:end]))
+                        break
+        return found
 
     @precondition(_has_live)
     @rule(data=st.data())
@@ -341,6 +376,13 @@ class GroupsRules:
         self.driver.apply(AppendTokens(request_id, data.draw(token, label="token")))
         # Mostly the pool one block short: where a need that is too small shows.
         tight = self._first_failing_lookahead(request_id)
+        # Where the pool holds every look-ahead, mostly other requests take it up first: the
+        # pool is big enough for the whole model length more often than not.
+        if not tight and data.draw(st.integers(0, 3), label="crowd the pool"):
+            self._crowd_pool(request_id)
+            if request_id not in self.driver.model.requests or self.driver.dead:
+                return
+            tight = self._first_failing_lookahead(request_id)
         lookahead = st.just(tight) if tight and data.draw(st.integers(0, 3), label="tight look-ahead") else \
             st.integers(1, 3 * _alignment(setup))
         self.driver.apply(Schedule(request_id, 1, 0, data.draw(lookahead, label="num_lookahead_tokens")))
@@ -349,6 +391,70 @@ class GroupsRules:
     @rule(data=st.data())
     def reject_drafts_again(self, data: st.DataObject) -> None:
         self.reject_drafts(data)  # twice the weight: it needs a model, a request and a pool to line up
+
+    def _mamba_shrink(self, request_id: str) -> int:
+        """By how many entries the request's Mamba tables are longer than its next one-token step
+        needs (the most over its align-mode groups; 0 where none is)."""
+        setup = self.driver.setup
+        request = self.driver.model.requests[request_id]
+        tables = self.driver.model.observe().block_tables.get(request_id, ())
+        main_tokens = min(request.num_computed_tokens, setup.max_model_len) + 1
+        return max((len(tables[g]) - mamba_spec.num_required_entries(main_tokens, setup.groups[g][1],
+                                                                      setup.groups[g][2])
+                    for g in setup.align_groups if g < len(tables)), default=0)
+
+    def _step_needs(self, request_id: str) -> tuple[set[int], int]:
+        """The reference's summed needs of the request's next one-token step over every
+        look-ahead, and the free blocks that step finds (after its own retired states)."""
+        model = copy.deepcopy(self.driver.model)
+        manager = model.manager
+        setup = self.driver.setup
+        computed = min(model.requests[request_id].num_computed_tokens, setup.max_model_len)
+        for group in manager.groups:
+            group.remove_skipped_blocks(request_id, computed)
+        needs = {manager.num_blocks_to_allocate(request_id, lifecycle_spec.num_slots(
+            computed, 0, 1, lookahead, setup.max_model_len), computed, None, 0, computed + 1)
+            for lookahead in range(1, setup.max_model_len - computed)}
+        return needs, manager.pool.num_free_blocks()
+
+    def _crowd_pool(self, request_id: str) -> None:
+        """Requests of fresh tokens arrive and prefill (up to twice the live requests the other
+        rules start) until, for some look-ahead, the request's next one-token step needs more blocks
+        than are free by no more than its Mamba tables shrank: there an unfloored negative Mamba
+        need hides the other groups' shortfall (KV-MAMBA-008)."""
+        setup = self.driver.setup
+        shrink = self._mamba_shrink(request_id)
+        fillers: list[str] = []
+        while shrink > 0 and len(fillers) < 6 and not self.driver.dead:
+            needs, free = self._step_needs(request_id)
+            if not any(needs) or any(1 <= need - free <= shrink for need in needs) or max(needs) > free:
+                return  # no other group needs a block, or the pool is short already
+            if len(self._live()) >= 2 * MAX_LIVE_REQUESTS:
+                return
+            # The shortest filler after which some look-ahead falls short by 1 to ``shrink``
+            # blocks, or the longest one that fits, and another after it.
+            filler_id = self.new_request_id()
+            token = 4 + int(filler_id[1:])  # outside the prompts' alphabet: it hits nothing
+            model = copy.deepcopy(self.driver.model)
+            model.add_request(filler_id, (token,) * (setup.max_model_len - 1))
+            now = model.manager.pool.num_free_blocks()
+            length = 0
+            for candidate in range(1, setup.max_model_len):
+                taken = model.manager.num_blocks_to_allocate(filler_id, candidate, 0, None, 0, candidate)
+                if taken > now:
+                    break
+                length = candidate
+                if any(1 <= need - (free - taken) <= shrink for need in needs):
+                    break
+            if not length:
+                return
+            prompt = (token,) * length
+            self.prompts.append(prompt)
+            fillers.append(filler_id)
+            self.driver.apply(AddRequest(filler_id, prompt))
+            self.driver.apply(Schedule(filler_id, length))
+            if filler_id not in self.driver.running:
+                return
 
     def _first_failing_lookahead(self, request_id: str) -> int:
         """The smallest look-ahead with which the reference's next one-token step fails, or 0.
