@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from align_table import AlignTable
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -144,39 +145,14 @@ def _life(chunks: Sequence[int], block_size: int, speculative: int, alignment: i
           checkpoint_alignment: int) -> tuple[dict[int, int], dict[int, int], int]:
     """Run ``chunks`` (token counts) through one align-mode group; returns (page -> state,
     page -> key tokens, most pages held at once). Pages are numbered as they are taken."""
-    table: list[int] = []  # page ids, -1 for the null block
-    state: dict[int, int] = {}
+    manager = AlignTable(block_size, speculative, alignment, checkpoint_alignment, eagle)
     key: dict[int, int] = {}
-    retired = 0
-    last_state = -1
-    num_cached = 0
-    computed = 0
-    allocated = False
-    pages = 0
-    most = 0
+    state: dict[int, int] = {}
+    num_cached = computed = most = 0
     for chunk in chunks:
-        is_null = tuple(page < 0 for page in table)
-        for index in mamba.align_blocks_to_free(is_null, retired, computed, block_size):
-            table[index] = -1
-        retired = mamba.retired_after(retired, computed, block_size, len(table))
-        if mamba.frees_last_state(last_state, computed, block_size, tuple(page < 0 for page in table)):
-            table[last_state] = -1
         end = computed + chunk
-        position = mamba.reserved_checkpoint(bool(checkpoint_alignment), checkpoint_alignment, computed, end,
-                                             alignment, block_size, block_size, eagle,
-                                             tuple(page < 0 for page in table), allocated, speculative)
-        layout = mamba.align_layout(len(table), end, block_size, speculative, position > 0, allocated)
-        if len(layout) > len(table) or position:
-            last_state = len(table) - 1 - speculative if allocated else len(table) - 1
-        old = list(table)
-        table = []
-        for entry in layout:
-            if entry == NEW:
-                table.append(pages)
-                pages += 1
-            else:
-                table.append(-1 if entry == NULL else old[entry])
-        allocated = True
+        position = manager.allocate(computed, end)
+        table = manager.entries
         # The step's forward pass, then its caching (both before the next step).
         for index, tokens in mamba.states_written(end, block_size, position):
             state[table[index]] = tokens

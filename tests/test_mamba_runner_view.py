@@ -12,11 +12,12 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from align_table import AlignTable
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from kvoracle.spec import get_rule, mamba
-from kvoracle.spec.mamba import NEW, NO_STATE, NULL
+from kvoracle.spec.mamba import NO_STATE
 
 
 def test_the_rule_is_registered_for_the_runner() -> None:
@@ -101,39 +102,18 @@ def _run(steps: Sequence[tuple[int, int]], block_size: int, speculative: int, al
     page instead, as vLLM 0.33.0's runner does). Returns (page -> state after that many tokens,
     page -> key tokens, what went wrong, the keyed pages the rule leaves without a state); pages are
     numbered as they are taken, the null page is -1."""
-    table: list[int] = []
+    manager = AlignTable(block_size, speculative, alignment, checkpoint_alignment)
     state: dict[int, int] = {}
     key: dict[int, int] = {}
     wrong: list[str] = []
     unjudged: set[int] = set()
     early: set[int] = set()  # pages holding a checkpoint keyed before their block boundary
-    last_state = -1
-    retired = num_cached = computed = pages = 0
+    num_cached = computed = 0
     source = -1
-    allocated = False
     for real, drafts in steps:
-        is_null = tuple(page < 0 for page in table)
-        for index in mamba.align_blocks_to_free(is_null, retired, computed, block_size):
-            table[index] = -1
-        retired = mamba.retired_after(retired, computed, block_size, len(table))
-        if mamba.frees_last_state(last_state, computed, block_size, tuple(page < 0 for page in table)):
-            table[last_state] = -1
         committed, main = computed + real, computed + real + drafts
-        position = mamba.reserved_checkpoint(bool(checkpoint_alignment), checkpoint_alignment, computed, main,
-                                             alignment, block_size, block_size, False,
-                                             tuple(page < 0 for page in table), allocated, speculative)
-        layout = mamba.align_layout(len(table), main, block_size, speculative, position > 0, allocated)
-        if len(layout) > len(table) or position:
-            last_state = len(table) - 1 - speculative if allocated else len(table) - 1
-        old = list(table)
-        table = []
-        for entry in layout:
-            if entry == NEW:
-                table.append(pages)
-                pages += 1
-            else:
-                table.append(-1 if entry == NULL else old[entry])
-        allocated = True
+        position = manager.allocate(computed, main)
+        table = manager.entries
         is_null = tuple(page < 0 for page in table)
         exported = mamba.exported_checkpoint(bool(checkpoint_alignment), checkpoint_alignment, computed, main,
                                              alignment, block_size, block_size, False)
