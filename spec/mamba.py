@@ -819,17 +819,25 @@ def checkpoint_index(query_end: int, block_size: int) -> int:
 
 
 # -- what an allocation needs (KV-MAMBA-007, KV-MAMBA-008, KV-MAMBA-009) ----------------------
-@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held,
-                   num_evictable_hits, num_pool_blocks:
-                   num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0 and num_hit_blocks >= 0
-                   and num_held >= 0 and 0 <= num_evictable_hits <= min(num_hit_blocks, 1)
-                   and num_pool_blocks > 0, enabled=ENABLED)
-@icontract.require(lambda num_held, num_speculative_blocks, allocated:
-                   not allocated or num_held > num_speculative_blocks, enabled=ENABLED)
-@icontract.require(lambda num_tokens, block_size, checkpoint: not checkpoint or cdiv(num_tokens, block_size) >= 2,
-                   enabled=ENABLED)
-@icontract.require(lambda num_hit_blocks, num_held: num_hit_blocks == 0 or num_held == 0,
-                   "only a request without entries adopts a hit", enabled=ENABLED)
+def _need_args_ok(num_tokens: int, block_size: int, num_speculative_blocks: int, num_hit_blocks: int,
+                  num_held: int, allocated: bool, checkpoint: bool, num_evictable_hits: int,
+                  num_pool_blocks: int) -> bool:
+    """What :func:`align_need` (and :func:`copy_need`, which adds to it) takes: positive sizes, at
+    most one evictable hit block, a table that holds its speculative pages once allocated, a
+    checkpoint only in a step of two blocks or more, and a hit only for a request without entries."""
+    return (num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0 and num_hit_blocks >= 0
+            and num_held >= 0 and 0 <= num_evictable_hits <= min(num_hit_blocks, 1) and num_pool_blocks > 0
+            and (not allocated or num_held > num_speculative_blocks)
+            and (not checkpoint or cdiv(num_tokens, block_size) >= 2)
+            and (num_hit_blocks == 0 or num_held == 0))
+
+
+@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated,
+                   checkpoint, num_evictable_hits, num_pool_blocks: _need_args_ok(
+                       num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated, checkpoint,
+                       num_evictable_hits, num_pool_blocks),
+                   "the need's arguments: a step, a table, at most one evictable hit block, and only a request "
+                   "without entries adopts a hit", enabled=ENABLED)
 @icontract.ensure(lambda result: result >= 0, "KV-MAMBA-008: never negative", enabled=ENABLED)
 @icontract.ensure(lambda result, deferred, num_hit_blocks, num_pool_blocks:
                   not (deferred and num_hit_blocks > 0) or result > num_pool_blocks,
@@ -1356,16 +1364,12 @@ def copy_pages(action: int) -> tuple[int, int]:
     return (COPY, SOURCE) if action == PRIVATE_COPY else (SOURCE, COPY)
 
 
-@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held,
-                   num_evictable_hits, num_pool_blocks:
-                   num_tokens > 0 and block_size > 0 and num_speculative_blocks >= 0 and num_hit_blocks >= 0
-                   and num_held >= 0 and 0 <= num_evictable_hits <= min(num_hit_blocks, 1)
-                   and num_pool_blocks > 0, enabled=ENABLED)
-@icontract.require(lambda num_held, num_speculative_blocks, allocated:
-                   not allocated or num_held > num_speculative_blocks, enabled=ENABLED)
-@icontract.require(lambda num_tokens, block_size, checkpoint: not checkpoint or cdiv(num_tokens, block_size) >= 2,
-                   enabled=ENABLED)
-@icontract.require(lambda num_hit_blocks, num_held: num_hit_blocks == 0 or num_held == 0, enabled=ENABLED)
+@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated,
+                   checkpoint, num_evictable_hits, num_pool_blocks: _need_args_ok(
+                       num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated, checkpoint,
+                       num_evictable_hits, num_pool_blocks),
+                   "the need's arguments: a step, a table, at most one evictable hit block, and only a request "
+                   "without entries adopts a hit", enabled=ENABLED)
 @icontract.require(lambda action, num_hit_blocks, allocated: action in (NO_COPY, PRIVATE_COPY, MOVED_ENTRY)
                    and (action != PRIVATE_COPY or (num_hit_blocks > 0 and not allocated))
                    and (action != MOVED_ENTRY or allocated), enabled=ENABLED)
