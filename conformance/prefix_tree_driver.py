@@ -48,6 +48,7 @@ from .prefix_tree_protocol import (
     EvictStates,
     EvictWindow,
     Finish,
+    PageView,
     Peek,
     Serve,
     TreeSetup,
@@ -373,6 +374,33 @@ class TreeDriver(Driver):
         assert self.model is not None
         return {key for req in self.requests.values() for key in self.model.window_locked(req.locked)}
 
+    def _component_eviction(self, operation: str, amount: int, rule_id: str, held: str, regain: str
+                            ) -> tuple[int, TreeView, dict[PageKey, PageView], list[PageKey], list[PageKey]]:
+        """Call ``operation(amount)``, an eviction of one component's content (``held``: the page
+        flag saying a page has it), and judge what every such eviction promises: it adds no page and
+        gives no page the content back (``rule_id``), removes no locked page (KV-TREE-005) and
+        leaves a tree. Returns what it reported, the view after it, the pages shown, the pages
+        removed and the pages that lost the content (removed ones included)."""
+        assert self.model is not None
+        model, check = self.model, self.verdicts.check
+        reported = self.call(operation, amount, rule=rule_id)
+        view = self._observe()
+        shown = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
+        removed = [key for key in model.pages if key not in shown]
+        added = sorted(set(shown) - set(model.pages))
+        check(rule_id, not added, lambda: f"{operation}({amount}) added pages {'; '.join(map(_page, added[:4]))}")
+        dropped = [key for key, page in model.pages.items()
+                   if getattr(page, held) and (key not in shown or not getattr(shown[key], held))]
+        regained = [key for key, page in model.pages.items()
+                    if not getattr(page, held) and key in shown and getattr(shown[key], held)]
+        check(rule_id, not regained, lambda: f"{operation}({amount}) gave {_page(regained[0])} {regain}")
+        locked = [key for key in removed if model.pages[key].locks]
+        check("KV-TREE-005", not locked, lambda: (
+            f"{operation}({amount}) removed locked pages: " + "; ".join(
+                f"{_page(k)} ({model.pages[k].locks} locks)" for k in locked[:3])))
+        self._judge_shape(view)
+        return reported, view, shown, removed, dropped
+
     def _evict_window(self, num_tokens: int) -> None:
         """``evict_window(num_tokens)``, judged (KV-TREE-018, with 005, 006 and 019); the model
         follows it."""
@@ -380,24 +408,8 @@ class TreeDriver(Driver):
         model, size, check = self.model, self.page_size, self.verdicts.check
         guarded = self.window_guarded()
         before = self._observe()
-        reported = self.call("evict_window", num_tokens, rule="KV-TREE-018")
-        view = self._observe()
-        shown = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
-        removed = [key for key in model.pages if key not in shown]
-        added = sorted(set(shown) - set(model.pages))
-        check("KV-TREE-018", not added, lambda: (
-            f"evict_window({num_tokens}) added pages {'; '.join(map(_page, added[:4]))}"))
-        dropped = [key for key, page in model.pages.items()
-                   if page.windowed and (key not in shown or not shown[key].windowed)]
-        regained = [key for key, page in model.pages.items()
-                    if not page.windowed and key in shown and shown[key].windowed]
-        check("KV-TREE-018", not regained, lambda: (
-            f"evict_window({num_tokens}) gave {_page(regained[0])} its window KV back"))
-        locked = [key for key in removed if model.pages[key].locks]
-        check("KV-TREE-005", not locked, lambda: (
-            f"evict_window({num_tokens}) removed locked pages: " + "; ".join(
-                f"{_page(k)} ({model.pages[k].locks} locks)" for k in locked[:3])))
-        self._judge_shape(view)
+        reported, view, shown, removed, dropped = self._component_eviction(
+            "evict_window", num_tokens, "KV-TREE-018", "windowed", "its window KV back")
         hit_locks = [key for key in dropped if key in guarded]
         check("KV-TREE-019", not hit_locks, lambda: (
             f"evict_window({num_tokens}) dropped the window KV of {_page(hit_locks[0])}, inside a held lock's "
@@ -438,22 +450,8 @@ class TreeDriver(Driver):
         model, check = self.model, self.verdicts.check
         guarded = self.state_guarded()
         evictable = sum(1 for key, page in model.pages.items() if page.state and key not in guarded)
-        reported = self.call("evict_states", num_states, rule="KV-TREE-024")
-        view = self._observe()
-        shown = {(p.namespace, tuple(p.tokens)): p for p in view.pages}
-        removed = [key for key in model.pages if key not in shown]
-        added = sorted(set(shown) - set(model.pages))
-        check("KV-TREE-024", not added, lambda: (
-            f"evict_states({num_states}) added pages {'; '.join(map(_page, added[:4]))}"))
-        dropped = [key for key, page in model.pages.items()
-                   if page.state and (key not in shown or not shown[key].state)]
-        regained = [key for key, page in model.pages.items() if not page.state and key in shown and shown[key].state]
-        check("KV-TREE-024", not regained, lambda: f"evict_states({num_states}) gave {_page(regained[0])} a state")
-        locked = [key for key in removed if model.pages[key].locks]
-        check("KV-TREE-005", not locked, lambda: (
-            f"evict_states({num_states}) removed locked pages: " + "; ".join(
-                f"{_page(k)} ({model.pages[k].locks} locks)" for k in locked[:3])))
-        self._judge_shape(view)
+        reported, view, shown, removed, dropped = self._component_eviction(
+            "evict_states", num_states, "KV-TREE-024", "state", "a state")
         hit_locks = [key for key in dropped if key in guarded]
         check("KV-TREE-025", not hit_locks, lambda: (
             f"evict_states({num_states}) dropped the state of {_page(hit_locks[0])}, the end of a held lock's path"))

@@ -226,11 +226,9 @@ class WindowBlindMatch(_WindowTree):
             tree.window = window
 
 
-class WindowMatchGivesUp(_WindowTree):
-    """When the held prefix ends on pages without their window KV, the lookup answers no hit
-    instead of the longest shorter prefix whose window is held."""
-
-    name = "window-match-gives-up"
+class _MatchGivesUp:
+    """A lookup that answers no hit where the held prefix is no valid end (a component's content
+    missing there), instead of the longest shorter prefix that is one."""
 
     def match(self, handle, namespace, tokens):
         hit, slots = super().match(handle, namespace, tokens)
@@ -238,6 +236,13 @@ class WindowMatchGivesUp(_WindowTree):
             self.found[handle], self.own[handle] = [], 0
             return 0, ()
         return hit, slots
+
+
+class WindowMatchGivesUp(_MatchGivesUp, _WindowTree):
+    """When the held prefix ends on pages without their window KV, the lookup answers no hit
+    instead of the longest shorter prefix whose window is held."""
+
+    name = "window-match-gives-up"
 
 
 class WindowEvictsOnePage(_WindowTree):
@@ -351,18 +356,11 @@ class StateBlindMatch(_StateTree):
             tree.states = states
 
 
-class StateMatchGivesUp(_StateTree):
+class StateMatchGivesUp(_MatchGivesUp, _StateTree):
     """When the held prefix does not end at a state, the lookup answers no hit instead of the longest
     shorter prefix that does."""
 
     name = "state-match-gives-up"
-
-    def match(self, handle, namespace, tokens):
-        hit, slots = super().match(handle, namespace, tokens)
-        if hit < self.tree.hit_of(namespace, tokens)[1]:
-            self.found[handle], self.own[handle] = [], 0
-            return 0, ()
-        return hit, slots
 
 
 class StatesEvictOne(_StateTree):
