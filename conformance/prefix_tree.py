@@ -83,6 +83,8 @@ class ReferencePrefixTree:
         self.tree = PrefixTree(setup.page_size, window=setup.window, states=setup.states > 0)
         self.found, self.locked = {}, {}
         self.own: dict[int, int] = {}
+        #: handle -> the pages whose window KV its lock keeps from eviction, fixed when it locked.
+        self.pinned: dict[int, list[PageKey]] = {}
         #: Window slots in use outside the cache: one per slot allocated and not yet freed.
         self.window_capacity = setup.num_pages * setup.page_size
         self.window_used = 0
@@ -104,10 +106,12 @@ class ReferencePrefixTree:
         path = self.found[handle]
         self.tree.lock(path)
         self.locked[handle] = path
+        self.pinned[handle] = self.tree.window_pinned(path)
 
     def unlock(self, handle: int) -> None:
         assert self.tree is not None
         self.tree.unlock(self.locked.pop(handle))
+        self.pinned.pop(handle, None)
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
         assert self.tree is not None
@@ -167,8 +171,8 @@ class ReferencePrefixTree:
         return tuple(slots)
 
     def window_protected(self) -> set[PageKey]:
-        assert self.tree is not None
-        return {key for path in self.locked.values() for key in self.tree.window_locked(path)}
+        """The pages whose window KV the held locks pin (their windows, KV-TREE-019)."""
+        return {key for pages in self.pinned.values() for key in pages}
 
     def observe(self) -> TreeView:
         assert self.tree is not None and self.allocator is not None
@@ -193,11 +197,13 @@ class ReferencePrefixTree:
                         window_protected=window_protected)
 
 
-#: The rules of a cache with a window component (chapter 14, KV-TREE-016 .. 021).
-WINDOW_RULES = tuple(f"KV-TREE-{n:03d}" for n in range(16, 22))
+#: The rules of a cache with a window component (chapter 14, KV-TREE-016 .. 021, and the order of its
+#: evictions, KV-TREE-028 or 029 by the engine's recency).
+WINDOW_RULES = (*(f"KV-TREE-{n:03d}" for n in range(16, 22)), "KV-TREE-028", "KV-TREE-029")
 
-#: The rules of a cache with a state component (chapter 14, KV-TREE-022 .. 027).
-MAMBA_RULES = tuple(f"KV-TREE-{n:03d}" for n in range(22, 28))
+#: The rules of a cache with a state component (chapter 14, KV-TREE-022 .. 027, and the order of its
+#: evictions, KV-TREE-030).
+MAMBA_RULES = (*(f"KV-TREE-{n:03d}" for n in range(22, 28)), "KV-TREE-030")
 
 #: The engines in a paged KV store (:mod:`.engines.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
 _STORE = "kvoracle.conformance.engines.prefix_tree_store"

@@ -72,6 +72,8 @@ class Request:
     row: list[int]
     #: The pages its lock holds.
     locked: list[PageKey] = attrs.Factory(list)
+    #: The pages whose window KV its lock keeps from eviction, fixed when it locked (KV-TREE-028/029).
+    pinned: list[PageKey] = attrs.Factory(list)
     computed: bool = False
 
 
@@ -134,7 +136,8 @@ class TreeDriver(Driver):
         path = self.model.page_keys(step.namespace, tokens)[:hit // self.page_size]
         self.call("lock", step.request, rule="KV-TREE-014")
         self.model.lock(path)
-        self.requests[step.request] = Request(step.namespace, tokens, hit, list(slots), path)
+        self.requests[step.request] = Request(step.namespace, tokens, hit, list(slots), path,
+                                              self.model.window_pinned(path))
         self._judge_state(self._observe(), "KV-TREE-013")
 
     def _Serve(self, step: Serve) -> None:
@@ -195,7 +198,7 @@ class TreeDriver(Driver):
         self.model.unlock(req.locked)
         self.call("lock", step.request, rule="KV-TREE-014")
         self.model.lock(path)
-        req.locked = path
+        req.locked, req.pinned = path, self.model.window_pinned(path)
         self._judge_state(self._observe(), "KV-TREE-012")
 
     def _Abort(self, step: Abort) -> None:
@@ -407,9 +410,11 @@ class TreeDriver(Driver):
         assert self.model is not None
         model, size, check = self.model, self.page_size, self.verdicts.check
         guarded = self.window_guarded()
+        order = model.window_eviction_order({key for req in self.requests.values() for key in req.pinned})
         before = self._observe()
         reported, view, shown, removed, dropped = self._component_eviction(
             "evict_window", num_tokens, "KV-TREE-018", "windowed", "its window KV back")
+        self._judge_order("evict_window", num_tokens, order, dropped, "window KV")
         hit_locks = [key for key in dropped if key in guarded]
         check("KV-TREE-019", not hit_locks, lambda: (
             f"evict_window({num_tokens}) dropped the window KV of {_page(hit_locks[0])}, inside a held lock's "
@@ -434,6 +439,35 @@ class TreeDriver(Driver):
         model.drop_window([key for key in dropped if key not in removed])
         self._judge_state(view, "KV-TREE-018")
 
+    def _judge_order(self, operation: str, amount: int, order: list[PageKey], dropped: list[PageKey],
+                     content: str) -> None:
+        """Whether a component eviction dropped the first pages of the model's order (KV-TREE-028/029 for
+        window KV, by the recency the engine declares; KV-TREE-030 for states), and with segment
+        recency whole segments of window KV."""
+        assert self.model is not None
+        model, recency = self.model, self.verdicts.capabilities.tree_recency
+        if recency not in spec.RECENCY_MODES:
+            return
+        rule_id = ("KV-TREE-030" if content == "states" else
+                   "KV-TREE-028" if recency == spec.PAGE_RECENCY else "KV-TREE-029")
+        index = {key: i for i, key in enumerate(order)}
+
+        def stamp(key: PageKey) -> str:
+            page = model.pages[key]
+            return f"{_page(key)} (stamp {page.state_stamp if content == 'states' else page.window_stamp})"
+
+        self.verdicts.check(rule_id, spec.drops_an_order_prefix(tuple(index.get(k, -1) for k in dropped),
+                                                                 tuple(range(len(order)))), lambda: (
+            f"{operation}({amount}) dropped the {content} of {len(dropped)} pages: "
+            f"{'; '.join(map(stamp, sorted(dropped, key=lambda k: index.get(k, -1))[:4]))}; the least recently "
+            f"used ({recency} recency) are: {'; '.join(map(stamp, order[:max(len(dropped), 1)][:4]))}"))
+        if rule_id == "KV-TREE-029":
+            cut = [key for key in order[len(dropped):len(dropped) + 1]
+                   if not model.pages[key].starts_segment and model.parent(key) in dropped]
+            self.verdicts.check(rule_id, not cut, lambda: (
+                f"{operation}({amount}) dropped part of a segment's window KV: not that of {_page(cut[0])}, "
+                "whose page before it in its segment lost it"))
+
     def state_guarded(self) -> set[PageKey]:
         """The pages whose state a held lock protects (KV-TREE-025)."""
         assert self.model is not None
@@ -450,8 +484,10 @@ class TreeDriver(Driver):
         model, check = self.model, self.verdicts.check
         guarded = self.state_guarded()
         evictable = sum(1 for key, page in model.pages.items() if page.state and key not in guarded)
+        order = model.state_eviction_order(guarded)
         reported, view, shown, removed, dropped = self._component_eviction(
             "evict_states", num_states, "KV-TREE-024", "state", "a state")
+        self._judge_order("evict_states", num_states, order, dropped, "states")
         hit_locks = [key for key in dropped if key in guarded]
         check("KV-TREE-025", not hit_locks, lambda: (
             f"evict_states({num_states}) dropped the state of {_page(hit_locks[0])}, the end of a held lock's path"))
@@ -818,15 +854,31 @@ def look_up_past_a_state(self: PrefixTreeMachine, data: st.DataObject) -> None:
     self.driver.apply(Peek(self._handle(), prompt, namespace, length))
 
 
+@precondition(lambda self: self._alive() and bool(self.driver.model.window or self.driver.model.states))
+@rule(data=st.data())
+def look_up_then_evict(self: PrefixTreeMachine, data: st.DataObject) -> None:
+    """A lookup, then an eviction of one page's window KV (a cache with a window component) or of one
+    state: what a component eviction takes first depends on what the lookups before it used
+    (KV-TREE-028 .. 030). Only engines with a window or a state component draw it."""
+    self.driver.apply(Peek(self._handle(), *self._prompt(data)))
+    if not self._alive():
+        return
+    if self.driver.model.window:
+        self.driver.apply(EvictWindow(self.driver.page_size))
+    else:
+        self.driver.apply(EvictStates(1))
+
+
 def machine_options(probe: object) -> dict[str, object]:
     """The prefix-tree machine's options for an adapter: a window component (``window_component``)
     draws a window in each setup, evictions of window KV, and lookups aimed at pages without their
     window KV (:func:`look_up_a_tombstone`); a state component (``state_component``) draws state
     slots, evictions of states and lookups that end past a state (:func:`look_up_past_a_state`); an
     adapter with both draws one or the other (or neither) per setup. Other adapters' machines are
-    the plain one."""
+    the plain one. Either component also draws a lookup followed by a small eviction of it
+    (:func:`look_up_then_evict`)."""
     windows, states = getattr(probe, "window_component", False), getattr(probe, "state_component", False)
-    options: dict[str, object] = {}
+    options: dict[str, object] = {"look_up_then_evict": look_up_then_evict} if windows or states else {}
     if windows:
         options.update({"windows": True, "windowless_too": bool(getattr(probe, "window_optional", False)),
                         "configure": configure_with_window, "look_up_a_tombstone": look_up_a_tombstone})

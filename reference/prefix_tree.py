@@ -13,13 +13,17 @@ model's sliding-window layers, SGLang's SWA component): each page also holds its
 or not (:attr:`TreePage.windowed`), a hit ends where its window's KV is held (KV-TREE-016,
 KV-TREE-017), :meth:`PrefixTree.drop_window` follows a window eviction, and an insertion
 re-fills the window KV of the pages it covers past the inserter's own prefix (KV-TREE-020).
+Window KV keeps a stamp of its own (:attr:`TreePage.window_stamp`), set by lookups and
+insertions on the window they use, and :meth:`PrefixTree.evict_window` drops the oldest first,
+whole segments with segment recency (KV-TREE-028, KV-TREE-029).
 
 With ``states=True`` it models a cache with a state component (a hybrid model's recurrent
 layers, SGLang's Mamba component): a page holds the state after its last token or not
 (:attr:`TreePage.state`), a hit ends at a page holding a state (KV-TREE-022, KV-TREE-023), an
 insertion leaves a state at its key's last page (KV-TREE-026, :attr:`PrefixTree.state_adopted`
 says whether the given one was taken), and :meth:`PrefixTree.evict_states` drops states oldest
-first, removing a leaf whole (KV-TREE-024). A tree has a window or a state component, not both.
+first by their own stamps (:attr:`TreePage.state_stamp`, KV-TREE-030), removing a leaf whole
+(KV-TREE-024). A tree has a window or a state component, not both.
 
 :class:`PageAllocator` hands out whole pages of slots from a free list. Together they are
 the ``reference`` engine of the ``prefix-tree`` suite, and the suite's model of any engine.
@@ -64,6 +68,10 @@ class TreePage:
     windowed: bool = True
     #: Whether the page holds the state after its last token (a cache with a state component).
     state: bool = False
+    #: When a lookup or insertion last used the page's window KV (KV-TREE-028/029).
+    window_stamp: int = 0
+    #: When a lookup last resumed from the page's state or an insertion left one there (KV-TREE-030).
+    state_stamp: int = 0
 
 
 def _parents_held(tree: PrefixTree) -> bool:
@@ -192,6 +200,43 @@ class PrefixTree:
         if rest:
             self.pages[rest[0]].starts_segment = True
 
+    def path_segments(self, path: Sequence[PageKey]) -> list[list[PageKey]]:
+        """The segments of a held ``path`` (root first), from its last one back, each as its pages
+        (root first); with page recency every page is a segment of its own."""
+        segments: list[list[PageKey]] = []
+        for key in reversed(path):
+            if not segments or self.recency == spec.PAGE_RECENCY:
+                segments.append([key])
+            else:
+                segments[-1].insert(0, key)
+            if self.recency == spec.SEGMENT_RECENCY and self.pages[key].starts_segment:
+                segments.append([])
+        return [segment for segment in segments if segment]
+
+    def reached(self, path: Sequence[PageKey], reach: int) -> list[PageKey]:
+        """The pages of the segments a walk back from ``path``'s end enters before it covers ``reach``
+        tokens (:func:`kvoracle.spec.prefix_tree.segments_reached`)."""
+        segments = self.path_segments(path)
+        count = spec.segments_reached(tuple(len(seg) * self.page_size for seg in segments), reach)
+        return [key for segment in segments[:count] for key in segment]
+
+    def window_pinned(self, path: Sequence[PageKey]) -> list[PageKey]:
+        """The pages whose window KV a lock on ``path`` keeps from eviction: its window's
+        (KV-TREE-019), in whole segments with segment recency (KV-TREE-029)."""
+        if not self.window:
+            return []
+        if self.recency == spec.PAGE_RECENCY:
+            return self.window_locked(path)
+        return self.reached(path, self.window)
+
+    def _stamp_window(self, path: Sequence[PageKey], also: Iterable[PageKey] = ()) -> None:
+        """Stamp the window KV a lookup or insertion ending at ``path``'s end uses (KV-TREE-028/029),
+        and that of the pages ``also`` (what an insertion stored or re-filled)."""
+        reach = spec.window_refresh_reach(self.window, self.page_size, self.recency)
+        for key in [*also, *(self.reached(path, reach) if path else [])]:
+            if self.pages[key].windowed:
+                self.pages[key].window_stamp = self.clock
+
     # -- lookups and insertions ------------------------------------------------------------------
     @icontract.ensure(lambda result, tokens, self: spec.is_aligned_hit(result[0], len(result[1]), len(tokens),
                                                                        self.page_size),
@@ -224,6 +269,10 @@ class PrefixTree:
                 self.pages[key].stamp = self.clock
             if rest:
                 self.pages[rest[0]].starts_segment = True
+        if self.window and path:
+            self._stamp_window(path)
+        if self.states and path:
+            self.pages[path[-1]].state_stamp = self.clock
         return hit, tuple(slot for key in path for slot in self.pages[key].slots)
 
     @icontract.require(lambda self, tokens, slots: len(slots) >= len(tokens) // self.page_size * self.page_size,
@@ -257,11 +306,14 @@ class PrefixTree:
         for j in range(held // size, len(keys)):
             self.pages[keys[j]] = TreePage(tuple(slots[j * size:(j + 1) * size]), self.clock,
                                            starts_segment=j in (held // size, tail))
+        if self.window:
+            self._stamp_window(keys, [*self.refilled, *keys[held // size:]])
         self.state_adopted = False
         if self.states and spec.insertion_leaves_state(len(tokens), size):
             last = self.pages[keys[-1]]
             self.state_adopted = spec.insertion_adopts_state(last.state)
             last.state = True
+            last.state_stamp = self.clock
         return held
 
     def adopt(self, key: PageKey, slots: Sequence[int]) -> None:
@@ -280,17 +332,39 @@ class PrefixTree:
         for key in keys:
             self.pages[key].state = False
 
+    def component_order(self, held: str, stamp: str, protected: set[PageKey]) -> list[PageKey]:
+        """The pages holding a component's content (the page flag ``held``) outside ``protected``, in
+        the order a component eviction drops it: oldest ``stamp`` first, the shorter prefix first
+        (:func:`kvoracle.spec.prefix_tree.component_lru_order`)."""
+        keys = sorted(self.pages, key=lambda key: (len(key[1]), key))
+        order = spec.component_lru_order(tuple(getattr(self.pages[k], stamp) for k in keys),
+                                         tuple(len(k[1]) for k in keys),
+                                         tuple(getattr(self.pages[k], held) and k not in protected for k in keys))
+        return [keys[i] for i in order]
+
+    def window_eviction_order(self, protected: set[PageKey]) -> list[PageKey]:
+        """The pages whose window KV ``evict_window`` drops, in order (KV-TREE-028/029); ``protected``:
+        the pages the held locks pin (:meth:`window_pinned`)."""
+        return self.component_order("windowed", "window_stamp", protected)
+
+    def state_eviction_order(self, protected: set[PageKey]) -> list[PageKey]:
+        """The pages whose state ``evict_states`` drops, in order (KV-TREE-030); ``protected``: the
+        locked paths' last pages."""
+        return self.component_order("state", "state_stamp", protected)
+
+    @icontract.snapshot(lambda self, protected: self.state_eviction_order(protected), name="order", enabled=ENABLED)
+    @icontract.ensure(lambda result, OLD: spec.drops_an_order_prefix(
+        tuple(OLD.order.index(k) if k in OLD.order else -1 for k in result[0]), tuple(range(len(OLD.order)))),
+        "KV-TREE-030: states go oldest first", enabled=ENABLED)
     def evict_states(self, num_states: int, protected: set[PageKey]) -> tuple[list[PageKey], list[PageKey]]:
-        """The reference's state eviction: oldest stamp first, drop the states of pages outside
-        ``protected`` (the locked paths' last pages) until ``num_states`` are gone; a page without a
-        held child and without a lock goes whole. ``(pages whose state went, pages removed)``."""
+        """The reference's state eviction: in :meth:`state_eviction_order`, drop the states of pages
+        outside ``protected`` (the locked paths' last pages) until ``num_states`` are gone; a page
+        without a held child and without a lock goes whole. ``(pages whose state went, pages removed)``."""
         dropped: list[PageKey] = []
         removed: list[PageKey] = []
-        while len(dropped) < num_states:
-            candidates = [key for key, page in self.pages.items() if page.state and key not in protected]
-            if not candidates:
+        for key in self.state_eviction_order(protected):
+            if len(dropped) >= num_states:
                 break
-            key = min(candidates, key=lambda k: (self.pages[k].stamp, len(k[1]), k))
             dropped.append(key)
             if self.children(key) or self.pages[key].locks:
                 self.pages[key].state = False
@@ -352,24 +426,32 @@ class PrefixTree:
         self.remove(removed)
         return removed
 
+    @icontract.snapshot(lambda self, protected: self.window_eviction_order(protected), name="order", enabled=ENABLED)
+    @icontract.ensure(lambda result, OLD: spec.drops_an_order_prefix(
+        tuple(OLD.order.index(k) if k in OLD.order else -1 for k in result[0]), tuple(range(len(OLD.order)))),
+        "KV-TREE-028/029: window KV goes oldest first", enabled=ENABLED)
     def evict_window(self, num_tokens: int, protected: set[PageKey]) -> tuple[list[PageKey], list[PageKey]]:
-        """The reference's window eviction: oldest stamp first, drop the window KV of pages outside
-        ``protected`` (the locked windows) until ``num_tokens`` window tokens are gone; an unlocked
-        leaf goes whole. ``(pages whose window KV went, pages removed)``."""
+        """The reference's window eviction: in :meth:`window_eviction_order`, drop the window KV of
+        pages outside ``protected`` (what the held locks pin) until ``num_tokens`` window tokens are
+        gone, a whole segment at a time; an unlocked segment without a held child goes whole.
+        ``(pages whose window KV went, pages removed)``."""
+        order = self.window_eviction_order(protected)
         dropped: list[PageKey] = []
         removed: list[PageKey] = []
-        while len(dropped) * self.page_size < num_tokens:
-            candidates = [key for key, page in self.pages.items() if page.windowed and key not in protected
-                          and (self.children(key) or page.locks == 0)]
-            if not candidates:
-                break
-            key = min(candidates, key=lambda k: (self.pages[k].stamp, len(k[1]), k))
-            dropped.append(key)
-            if self.children(key):
-                self.pages[key].windowed = False
+        while len(dropped) < len(order) and len(dropped) * self.page_size < num_tokens:
+            # A segment's pages share their stamp, so they are consecutive in the order, its first page first.
+            segment = [order[len(dropped)]]
+            while (self.recency == spec.SEGMENT_RECENCY and len(dropped) + len(segment) < len(order)
+                   and self.parent(order[len(dropped) + len(segment)]) == segment[-1]
+                   and not self.pages[order[len(dropped) + len(segment)]].starts_segment):
+                segment.append(order[len(dropped) + len(segment)])
+            dropped.extend(segment)
+            if self.children(segment[-1]) or any(self.pages[key].locks for key in segment):
+                for key in segment:
+                    self.pages[key].windowed = False
             else:
-                removed.append(key)
-                self.remove([key])
+                removed.extend(segment)
+                self.remove(segment)
         self.mark_window_boundaries()
         return dropped, removed
 

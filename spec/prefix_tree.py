@@ -87,7 +87,12 @@ window KV (KV-TREE-020). The window KV slots balance like the full-attention one
 (KV-TREE-021). Which full-attention slots a page re-filled by an insertion keeps is the
 engine's: SGLang stores the inserter's slots in an unlocked page and frees its old ones
 (the one case where a held page's slots change, which KV-TREE-012 then reads through
-KV-TREE-020). The order in which window KV is evicted is not stated here.
+KV-TREE-020). Window KV goes least recently used first (KV-TREE-028): a page's window KV carries a
+stamp of its own, which a lookup sets on the window its hit uses and an insertion on the window KV it
+stores or re-fills and on its key's window, and ``evict_window`` drops the oldest first, the page
+nearer the root first among equal stamps. SGLang keeps that order per radix node in the SWA
+component's LRU list and reaches one page further back (``W + P`` tokens of whole nodes): the
+``segment`` form, KV-TREE-029, which an engine with segment recency is judged on instead.
 
 **A state component** (KV-TREE-022 .. KV-TREE-027). A hybrid model with recurrent layers
 (Mamba) needs, to resume after a prefix, those layers' *state* after the prefix's last token: one
@@ -104,9 +109,10 @@ the pages above it that hold no state (KV-TREE-024); a lock protects the state a
 path, the one its request resumes from (KV-TREE-025); an insertion leaves a state at its key's
 last page: the one it was given where that page held none, else the page keeps its own and the
 inserter's is a duplicate it gets back (KV-TREE-026). The state slots balance, and the cache's
-own account splits its states into protected and evictable ones (KV-TREE-027). The order in
-which states are evicted is not stated here, and a cache with both a window and a state
-component is not yet judged.
+own account splits its states into protected and evictable ones (KV-TREE-027). States go least
+recently used first (KV-TREE-030): a state's stamp is that of the last lookup whose hit ended at it
+(the state its request resumes from) or insertion that left a state there, and ``evict_states`` drops
+the oldest first. A cache with both a window and a state component is not yet judged.
 
 **Namespaces** (KV-TREE-004). A namespace (SGLang's ``extra_key``: a LoRA adapter, a
 cache salt) partitions the cache: a page is never shared between namespaces, even
@@ -119,6 +125,8 @@ stamps), so that CrossHair can check them; the reference
 """
 
 from __future__ import annotations
+
+from itertools import pairwise
 
 import icontract
 
@@ -861,3 +869,124 @@ def state_slots_balance(free: int, held: int, requests: int, capacity: int, evic
     ``evictable`` the rest."""
     return capacity_balances(free, held, requests, capacity) and protected == locked_ends and (
         evictable + protected == held)
+
+
+# -- the order of a component's evictions ---------------------------------------------------------
+KV_TREE_028 = rule(
+    "KV-TREE-028",
+    "Window KV goes least recently used first (page recency)",
+    """For a cache with a window component and page recency (tree_recency = "page"): every held page's
+    window KV carries a stamp from the tree's clock (the one lookups and insertions tick, KV-TREE-008). A
+    lookup with a hit of h > 0 tokens stamps the window KV of the pages overlapping its last min(h, W)
+    tokens (the window KV the hit uses, KV-TREE-016); an insertion stamps the window KV of every page it
+    stores or re-fills (KV-TREE-020) and of the pages overlapping its key's last W tokens. Nothing else
+    stamps window KV (not locks, not the rest of a hit's path). evict_window(n) drops the window KV of the
+    first pages of the order: repeatedly, among the pages holding window KV outside the locked windows
+    (KV-TREE-019), the one with the oldest stamp, the shorter prefix first among equal stamps (the page
+    further from the window that stamped them).""",
+    source=f"{SWA} SWAComponent.refresh_lru (MATCH_END / INSERT_END refresh a window back from the match's "
+           f"or insertion's end node; WALKDOWN nothing), _evict_device_next_node (one walk from the LRU tail); "
+           f"{CORE} UnifiedLRUList.reset_node_and_window_ancestors_mru, get_lru_no_lock / get_prev_no_lock, "
+           "UnifiedTreeCore.set_component_device_value (insert_mru)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_029 = rule(
+    "KV-TREE-029",
+    "Window KV goes least recently used first (segment recency)",
+    """For an engine that keeps recency per stored segment (tree_recency = "segment": SGLang's radix nodes
+    and its SWA component's LRU list of them), KV-TREE-028 over whole segments: a lookup stamps the window
+    KV of the segments from its hit's last page back until they cover W + P tokens (SGLang refreshes
+    sliding_window_size + page_size tokens of nodes, one page more than the window), an insertion those of
+    its key's last page back as far, besides the segments it stores or re-fills; a lock pins the window
+    KV of the segments from its path's last page back until they cover W tokens (KV-TREE-019's window, in
+    whole segments); a segment split later keeps its stamp and its pins on both parts, its first part the
+    older. evict_window(n) drops the window KV of whole segments, the first of the order over those
+    stamps among the segments no lock pins.""",
+    source=f"{SWA} SWAComponent.refresh_lru (reset_node_and_window_ancestors_mru with "
+           f"sliding_window_size + page_size), acquire_component_lock (whole nodes until the window is "
+           f"covered), _populate_range (older fragments published first); {CORE} UnifiedTreeCore._split_node "
+           "(insert_after(child, new_parent)), UnifiedLRUList.get_prev_no_lock",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+KV_TREE_030 = rule(
+    "KV-TREE-030",
+    "States go least recently used first",
+    """For a cache with a state component: every held state carries a stamp from the tree's clock. A lookup
+    with a hit of h > 0 tokens stamps the state at the hit's last page (the one its request resumes from,
+    KV-TREE-022), an insertion of n >= P tokens the state it leaves at its key's last page, adopted or
+    kept (KV-TREE-026). Nothing else stamps a state: not the states on a lookup's or insertion's path
+    before its end, not locks. evict_states(n) drops the first states of the order: repeatedly the state
+    outside the locked paths' ends (KV-TREE-025) with the oldest stamp, the shorter prefix first among
+    equal stamps. A state sits at one page, so page and segment recency agree.""",
+    source=f"{MAMBA} MambaComponent.refresh_lru (MATCH_END moves the best match node's state to the MRU end; "
+           f"WALKDOWN and INSERT_END nothing), commit_insert_component_data (insert_mru / reset_node_mru), "
+           f"_evict_device_next_node; {CORE} UnifiedLRUList.get_lru_no_lock / get_prev_no_lock, "
+           "UnifiedTreeCore.set_component_device_value (insert_mru)",
+    chapter=CHAPTER,
+    judged_by=SUITE,
+)
+
+
+@icontract.require(lambda window, page_size: window > 0 and page_size > 0, enabled=ENABLED)
+@icontract.require(lambda recency: recency in RECENCY_MODES, enabled=ENABLED)
+@icontract.ensure(lambda result, window, page_size, recency:
+                  result == (window if recency == PAGE_RECENCY else window + page_size), enabled=ENABLED)
+@defines(KV_TREE_028, KV_TREE_029)
+def window_refresh_reach(window: int, page_size: int, recency: str) -> int:
+    """How many tokens back from a lookup's or insertion's end its window stamp reaches: the window's
+    ``window`` with page recency, one page more with segment recency (SGLang's)."""
+    return window if recency == PAGE_RECENCY else window + page_size
+
+
+@icontract.require(lambda lengths: all(n > 0 for n in lengths), enabled=ENABLED)
+@icontract.require(lambda reach: reach >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, lengths: 0 <= result <= len(lengths), enabled=ENABLED)
+@icontract.ensure(lambda result, lengths, reach: result == 0 or sum(lengths[:result - 1]) < reach,
+                  "every segment entered starts within the reach", enabled=ENABLED)
+@icontract.ensure(lambda result, lengths, reach: result == len(lengths) or sum(lengths[:result]) >= reach,
+                  "the walk stops only once the reach is covered", enabled=ENABLED)
+@defines(KV_TREE_028, KV_TREE_029)
+def segments_reached(lengths: tuple[int, ...], reach: int) -> int:
+    """How many segments, counted from a path's last one back (``lengths[0]`` tokens long, then its
+    parent's ...), a walk covering ``reach`` tokens enters: each one it starts before ``reach`` tokens are
+    covered. With every page its own segment and a reach of W tokens these are the pages overlapping the
+    last W tokens (:func:`window_locked_pages`); a lock's pin is the same walk with a reach of W."""
+    covered, count = 0, 0
+    while count < len(lengths) and covered < reach:
+        covered += lengths[count]
+        count += 1
+    return count
+
+
+def _order_key(stamps: tuple[int, ...], depths: tuple[int, ...], i: int) -> tuple[int, int, int]:
+    return stamps[i], depths[i], i
+
+
+@icontract.require(lambda stamps, depths, candidates: len(stamps) == len(depths) == len(candidates),
+                   enabled=ENABLED)
+@icontract.ensure(lambda result, candidates: sorted(result) == [i for i, c in enumerate(candidates) if c],
+                  "the order holds every candidate once, and nothing else", enabled=ENABLED)
+@icontract.ensure(lambda result, stamps, depths: all(
+    (stamps[a], depths[a]) <= (stamps[b], depths[b]) for a, b in pairwise(result)),
+    "oldest stamp first, the shorter prefix first among equal stamps", enabled=ENABLED)
+@defines(KV_TREE_028, KV_TREE_029, KV_TREE_030)
+def component_lru_order(stamps: tuple[int, ...], depths: tuple[int, ...],
+                        candidates: tuple[bool, ...]) -> tuple[int, ...]:
+    """The order in which a component eviction drops content: the pages whose content it may drop
+    (``candidates[i]``: page ``i`` holds it, outside every lock's protection), oldest ``stamps`` first,
+    the smaller ``depths`` (pages from the root) first among equal stamps, then the lower index."""
+    return tuple(sorted((i for i in range(len(candidates)) if candidates[i]),
+                        key=lambda i: _order_key(stamps, depths, i)))
+
+
+@icontract.require(lambda order: len(set(order)) == len(order), enabled=ENABLED)
+@icontract.ensure(lambda result, dropped, order:
+                  result == (len(set(dropped)) == len(dropped) and set(dropped) == set(order[:len(dropped)])),
+                  enabled=ENABLED)
+@defines(KV_TREE_028, KV_TREE_029, KV_TREE_030)
+def drops_an_order_prefix(dropped: tuple[int, ...], order: tuple[int, ...]) -> bool:
+    """Whether the pages whose content a component eviction dropped (in any order) are the first
+    ``len(dropped)`` pages of its ``order`` (:func:`component_lru_order`)."""
+    return removes_an_lru_prefix(dropped, order)

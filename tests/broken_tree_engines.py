@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import attrs
 
+from kvoracle.conformance.harness.capabilities import Capabilities
 from kvoracle.conformance.prefix_tree import ReferencePrefixTree, TreeView
 from kvoracle.reference.prefix_tree import PageKey, PrefixTree
 from kvoracle.spec import prefix_tree as spec
@@ -420,4 +421,74 @@ BROKEN_STATE = {
     StateEvictionIgnoresLocks: "KV-TREE-025",
     InsertLeavesNoState: "KV-TREE-026",
     StateSlotsLeak: "KV-TREE-027",
+}
+
+
+# -- the order of a component's evictions (KV-TREE-028 .. 030) -----------------------------------------
+class _PathStamped(PrefixTree):
+    """Orders a component's evictions by the pages' own stamps, which every lookup and insertion sets on
+    its whole path, instead of the component's stamps."""
+
+    def component_order(self, held, stamp, protected):
+        return super().component_order(held, "stamp", protected)
+
+
+class WindowOrderByPath(_WindowTree):
+    """evict_window drops window KV in the order of the pages' full-attention recency: a lookup keeps its
+    whole hit's window KV fresh, not only its window's."""
+
+    name = "window-order-by-path"
+
+    def configure(self, setup):
+        super().configure(setup)
+        self.tree = _PathStamped(setup.page_size, window=setup.window)
+
+
+class StateOrderByPath(_StateTree):
+    """evict_states drops states in the order of the pages' full-attention recency: a lookup keeps every
+    state on its path fresh, not only the one it resumes from."""
+
+    name = "state-order-by-path"
+
+    def configure(self, setup):
+        super().configure(setup)
+        self.tree = _PathStamped(setup.page_size, states=setup.states > 0)
+
+
+class SegmentReference(_WindowTree):
+    """The reference with segment recency (SGLang's radix nodes, KV-TREE-009 and 029) and a window
+    component: it passes every rule it is judged on."""
+
+    name = "segment-reference"
+    window_optional = False
+    tree_class = PrefixTree
+
+    def capabilities(self):
+        return Capabilities(tree_recency=spec.SEGMENT_RECENCY)
+
+    def configure(self, setup):
+        super().configure(setup)
+        self.tree = self.tree_class(setup.page_size, spec.SEGMENT_RECENCY, window=setup.window)
+
+
+class _WindowReachShort(PrefixTree):
+    def _stamp_window(self, path, also=()):
+        for key in [*also, *(self.reached(path, self.window) if path else [])]:  # W tokens back, not W + P
+            if self.pages[key].windowed:
+                self.pages[key].window_stamp = self.clock
+
+
+class WindowReachShort(SegmentReference):
+    """With segment recency, a lookup or insertion stamps the window KV of the segments covering its last
+    W tokens, not W + P (SGLang's reach, one page further back)."""
+
+    name = "window-reach-short"
+    tree_class = _WindowReachShort
+
+
+#: Each broken tree and the order rule it must be convicted of.
+BROKEN_ORDER = {
+    WindowOrderByPath: "KV-TREE-028",
+    WindowReachShort: "KV-TREE-029",
+    StateOrderByPath: "KV-TREE-030",
 }

@@ -19,9 +19,10 @@ FREE_ORDERS = ("unhashed_first", "append")
 #: no eviction order is promised, and neither rule is judged).
 TREE_RECENCIES = ("page", "segment", "none")
 
-#: Rules that hold for one value of a mode-valued capability: rule id -> (capability, value).
-#: The rule of another mode is not applicable (its refinement is judged instead).
-MODE_RULES = {
+#: Rules that hold for one value of a mode-valued capability: rule id -> (capability, value), or
+#: (capability, a tuple of the values it holds for). The rule of another mode is not applicable (its
+#: refinement is judged instead).
+MODE_RULES: dict[str, tuple[str, object]] = {
     "KV-LIFE-010": ("common_prefix", "zero"),
     "KV-LIFE-011": ("common_prefix", "cascade"),
     "KV-POOL-006": ("free_order", "unhashed_first"),
@@ -30,6 +31,10 @@ MODE_RULES = {
     "KV-HLC-009": ("mamba_free_lag", True),
     "KV-TREE-008": ("tree_recency", "page"),
     "KV-TREE-009": ("tree_recency", "segment"),
+    "KV-TREE-028": ("tree_recency", "page"),
+    "KV-TREE-029": ("tree_recency", "segment"),
+    # States sit at one page each: page and segment recency order them alike; "none" promises no order.
+    "KV-TREE-030": ("tree_recency", ("page", "segment")),
 }
 
 

@@ -45,7 +45,7 @@ def applicability(rule_id: str, capabilities: Capabilities) -> str | None:
         return "kvoracle input validation (checked by kvoracle's own tests, not per engine)"
     if rule_id in MODE_RULES:
         name, value = MODE_RULES[rule_id]
-        if getattr(capabilities, name) != value:
+        if getattr(capabilities, name) not in (value if isinstance(value, tuple) else (value,)):
             return f"engine declares {name}={getattr(capabilities, name)!r}"
     missing = [name for name in rule.needs if not getattr(capabilities, name)]
     if missing:
