@@ -414,7 +414,6 @@ class TreeDriver(Driver):
         before = self._observe()
         reported, view, shown, removed, dropped = self._component_eviction(
             "evict_window", num_tokens, "KV-TREE-018", "windowed", "its window KV back")
-        self._judge_order("evict_window", num_tokens, order, dropped, "window KV")
         hit_locks = [key for key in dropped if key in guarded]
         check("KV-TREE-019", not hit_locks, lambda: (
             f"evict_window({num_tokens}) dropped the window KV of {_page(hit_locks[0])}, inside a held lock's "
@@ -435,6 +434,8 @@ class TreeDriver(Driver):
                        f"({len(dropped)} pages, {len(removed)} of them removed"
                        + (f", {len(inner)} with a held child: {_page(inner[0])}" if inner else "")
                        + f"); {evictable} window tokens were evictable"))
+        # Last: window KV dropped inside a locked window lies outside the order, and is KV-TREE-019's.
+        self._judge_order("evict_window", num_tokens, order, dropped, "window KV")
         model.remove(removed)
         model.drop_window([key for key in dropped if key not in removed])
         self._judge_state(view, "KV-TREE-018")
@@ -487,7 +488,6 @@ class TreeDriver(Driver):
         order = model.state_eviction_order(guarded)
         reported, view, shown, removed, dropped = self._component_eviction(
             "evict_states", num_states, "KV-TREE-024", "state", "a state")
-        self._judge_order("evict_states", num_states, order, dropped, "states")
         hit_locks = [key for key in dropped if key in guarded]
         check("KV-TREE-025", not hit_locks, lambda: (
             f"evict_states({num_states}) dropped the state of {_page(hit_locks[0])}, the end of a held lock's path"))
@@ -508,6 +508,8 @@ class TreeDriver(Driver):
             + (f", {len(inner)} with a held child: {_page(inner[0])}" if inner else "")
             + (f", {_page(stray[0])} neither holding a dropped state nor above one" if stray else "")
             + f"); {evictable} states were held outside the locked paths' ends"))
+        # Last: a locked path's end state lies outside the order, and dropping it is KV-TREE-025's.
+        self._judge_order("evict_states", num_states, order, dropped, "states")
         model.remove(removed)
         model.drop_states([key for key in dropped if key not in removed])
         self._judge_state(view, "KV-TREE-024")
