@@ -273,6 +273,25 @@ class BlockPool:
             self._evict(block)
         self._cache(block, key)
 
+    @icontract.require(lambda self, source, copy: self.enable_caching and not source.is_null
+                       and not copy.is_null and copy.cache_key is None and source is not copy,
+                       "KV-MAMBA-024: the copy is a fresh page", enabled=ENABLED)
+    @icontract.snapshot(lambda self, source: (source.cache_key, tuple(self.cached.get(source.cache_key, ()))
+                                              if source.cache_key is not None else ()),
+                        name="before", enabled=ENABLED)
+    @icontract.ensure(lambda self, source, copy, OLD: source.cache_key is None and copy.cache_key == OLD.before[0]
+                      and (OLD.before[0] is None or tuple(self.cached[OLD.before[0]]) == (
+                          *(b for b in OLD.before[1] if b != source.block_id), copy.block_id)),
+                      "KV-MAMBA-024: the key moves to the copy, listed last under it", enabled=ENABLED)
+    def move_key(self, source: KVCacheBlock, copy: KVCacheBlock) -> None:
+        """Re-point ``source``'s cache entry to ``copy`` (a producer keeps writing ``source``,
+        and the cache keeps the state in the copy instead, KV-MAMBA-024)."""
+        key = source.cache_key
+        if key is None:
+            return
+        self._evict(source)
+        self._cache(copy, key)
+
     def _cache(self, block: KVCacheBlock, key: CacheKey) -> None:
         block.partial_key = None  # a partial entry is promoted to the whole block's key
         block.cache_key = key

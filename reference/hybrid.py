@@ -19,6 +19,7 @@ import attrs
 import icontract
 
 from kvoracle.spec import hybrid as spec
+from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec.config import ConfigError
 from kvoracle.spec.hashing import block_size_view_index
 from kvoracle.spec.lifecycle import cdiv
@@ -96,11 +97,55 @@ class HybridConfig:
                         "KV-CHUNK-003", f"kv_cache_specs[{index}].block_size",
                         f"chunked local block size {kv_spec.block_size} must equal the scheduler block size "
                         f"{alignment}")
-            if isinstance(kv_spec, MambaSpec) and self.enable_caching and kv_spec.block_size != self.hash_block_size:
+        self._check_partial_hits()
+
+    def _check_partial_hits(self) -> None:
+        """KV-MAMBA-003/KV-MAMBA-019: a Mamba block coarser than the hash block is accepted where it
+        turns vLLM's partial hits on and every other group keeps the hash block (a coarser
+        full-attention group would get sub-block hits and copies of its own, which kvoracle does
+        not specify); anything else is rejected, naming the parameter."""
+        if not self.enable_caching:
+            return
+        coarse = [i for i, s in enumerate(self.kv_cache_specs)
+                  if isinstance(s, MambaSpec) and s.block_size != self.hash_block_size]
+        if not coarse:
+            return
+        if not self.partial_hits:
+            raise ConfigError(
+                "KV-MAMBA-003", f"kv_cache_specs[{coarse[0]}].block_size",
+                f"Mamba block size {self.kv_cache_specs[coarse[0]].block_size} is larger than hash_block_size "
+                f"{self.hash_block_size}, but this model does not turn vLLM's partial hits on (KV-MAMBA-019: "
+                "they need several groups, each full attention, Mamba or of the hash block size); such "
+                "sub-block Mamba states are not specified")
+        for index, kv_spec in enumerate(self.kv_cache_specs):
+            if not isinstance(kv_spec, MambaSpec) and _lookup_kind(kv_spec) is not None \
+                    and kv_spec.block_size != self.hash_block_size:
                 raise ConfigError(
                     "KV-MAMBA-003", f"kv_cache_specs[{index}].block_size",
-                    f"Mamba block size {kv_spec.block_size} must equal hash_block_size {self.hash_block_size} "
-                    "(sub-block partial hits are not specified)")
+                    f"with partial hits on (a Mamba block of {self.kv_cache_specs[coarse[0]].block_size}), "
+                    f"a {_lookup_kind(kv_spec)} group's block must be hash_block_size {self.hash_block_size}, "
+                    f"not {kv_spec.block_size}: its own sub-block hits and copies are not specified")
+
+    @property
+    def partial_hits(self) -> bool:
+        """KV-MAMBA-019: vLLM's fine-grained partial hits are on (an align-mode Mamba block
+        coarser than the hash block, every other cacheable group able to follow)."""
+        looked_up = [s for s in self.kv_cache_specs if _lookup_kind(s) is not None]
+        if not self.enable_caching or not looked_up:
+            return False
+        return mamba_spec.partial_hits_enabled(tuple(_lookup_kind(s) for s in looked_up),  # type: ignore[misc]
+                                               tuple(s.block_size for s in looked_up), self.hash_block_size)
+
+    @property
+    def hit_alignment(self) -> int:
+        """KV-HYB-004/KV-MAMBA-019: what a hit of several groups aligns to: the scheduler block
+        size, or the hash block with partial hits on."""
+        if not self.partial_hits:
+            return self.scheduler_block_size
+        looked_up = [s for s in self.kv_cache_specs if _lookup_kind(s) is not None]
+        return mamba_spec.hit_alignment(tuple(_lookup_kind(s) for s in looked_up),  # type: ignore[misc]
+                                        tuple(s.block_size for s in looked_up), self.hash_block_size,
+                                        self.scheduler_block_size)
 
     @property
     def scheduler_block_size(self) -> int:
@@ -122,18 +167,26 @@ class SpecGroup:
     group_ids: tuple[int, ...]
     kind: str
 
-    def flat(self, use_eagle: bool) -> spec.SpecGroup:
+    def flat(self, use_eagle: bool, unit: int = 0) -> spec.SpecGroup:
+        """The spec's description of the group; ``unit`` > 0 for a Mamba group looked up at
+        hash-block granularity (KV-MAMBA-020), which the loop sees as a group of that block."""
         eagle = use_eagle and self.kind != spec.CHUNKED_LOCAL
-        return (self.kind, self.kv_cache_spec.block_size, _window_or_chunk(self.kv_cache_spec), eagle)
+        return (self.kind, unit or self.kv_cache_spec.block_size, _window_or_chunk(self.kv_cache_spec), eagle)
 
 
 def _hit_blocks_are_cached(coordinator: HybridCoordinator, block_hashes: Sequence[bytes],
                            result: tuple[tuple[list[KVCacheBlock], ...], int, int]) -> bool:
-    """Every non-null hit entry is the block a lookup of its key returns (KV-FULL-002)."""
+    """Every non-null hit entry is the block a lookup of its key returns (KV-FULL-002; a
+    fine-grained Mamba group's page, the first block under one of the request's hash units,
+    KV-MAMBA-020)."""
     for group_id, blocks in enumerate(result[0]):
         size = coordinator.config.kv_cache_specs[group_id].block_size
         for j, block in enumerate(blocks):
             if block.is_null:
+                continue
+            if coordinator.fine_grained(group_id):
+                if not any(coordinator.pool._cached_block((unit, group_id)) is block for unit in block_hashes):
+                    return False
                 continue
             key = (coordinator.view_hash(block_hashes, size, j), group_id)
             if coordinator.pool._cached_block(key) is not block:
@@ -177,8 +230,21 @@ class HybridCoordinator:
     def _num_view_blocks(self, block_hashes: Sequence[bytes], block_size: int) -> int:
         return len(block_hashes) * self.config.hash_block_size // block_size
 
+    def _fine(self, group: SpecGroup) -> bool:
+        """KV-MAMBA-020: a Mamba group coarser than the hash block, with partial hits on, is
+        looked up at every hash boundary."""
+        return (self.config.partial_hits and group.kind == spec.MAMBA
+                and group.kv_cache_spec.block_size > self.config.hash_block_size)
+
+    def fine_grained(self, group_id: int) -> bool:
+        return any(group_id in group.group_ids and self._fine(group) for group in self.spec_groups)
+
     def _cached_flags(self, block_hashes: Sequence[bytes], group: SpecGroup) -> tuple[bool, ...]:
-        """Which of the request's blocks every member group has cached (KV-HYB-002)."""
+        """Which of the request's blocks every member group has cached (KV-HYB-002); for a
+        fine-grained group, which hash units (a page's positional key or a partial entry)."""
+        if self._fine(group):
+            return tuple(all(self.pool._cached_block((unit, g)) is not None for g in group.group_ids)
+                         for unit in block_hashes)
         size = group.kv_cache_spec.block_size
         return tuple(
             all(self.pool._cached_block((self.view_hash(block_hashes, size, j), g)) is not None
@@ -189,8 +255,8 @@ class HybridCoordinator:
     @icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
     @icontract.ensure(lambda self, max_cache_hit_length, result:
                       0 <= result[1] <= max_cache_hit_length
-                      and result[1] % self.config.scheduler_block_size == 0,
-                      "KV-HYB-004: the hit is aligned and within the bound", enabled=ENABLED)
+                      and result[1] % self.config.hit_alignment == 0,
+                      "KV-HYB-004/KV-MAMBA-019: the hit is aligned and within the bound", enabled=ENABLED)
     @icontract.ensure(lambda self, result: _full_groups_trimmed(self, result),
                       "KV-HYB-006: every full-attention group is trimmed to the hit", enabled=ENABLED)
     @icontract.ensure(lambda self, block_hashes, result: _hit_blocks_are_cached(self, block_hashes, result),
@@ -206,7 +272,7 @@ class HybridCoordinator:
             entries = [(hit // size, max_cache_hit_length, eagle)]
             return self._hit_blocks(block_hashes, flat, entries), hit, 0
         hit, lengths, uncached, _, last_lookup = self.fixed_point(
-            flat, cached, max_cache_hit_length, num_hashed, self.config.scheduler_block_size)
+            flat, cached, max_cache_hit_length, num_hashed, self.config.hit_alignment)
         entries = [(self.num_hit_blocks(index, hit, lengths), bound, drop)
                    for index, (bound, drop) in enumerate(last_lookup)]
         return self._hit_blocks(block_hashes, flat, entries), hit, uncached
@@ -238,8 +304,12 @@ class HybridCoordinator:
 
     def _lookup_inputs(self, block_hashes: Sequence[bytes]
                        ) -> tuple[tuple[spec.SpecGroup, ...], tuple[tuple[bool, ...], ...], int]:
-        """The spec groups, their cached flags and the hashed tokens: the spec's inputs."""
-        flat = tuple(group.flat(self.config.use_eagle) for group in self.spec_groups)
+        """The spec groups, their cached flags and the hashed tokens: the spec's inputs. A
+        fine-grained Mamba group is one of block h, flagged per hash unit (KV-MAMBA-020:
+        :func:`~kvoracle.spec.mamba.partial_hit_length` is KV-MAMBA-001's finder over units)."""
+        unit = self.config.hash_block_size
+        flat = tuple(group.flat(self.config.use_eagle, unit if self._fine(group) else 0)
+                     for group in self.spec_groups)
         cached = tuple(self._cached_flags(block_hashes, group) for group in self.spec_groups)
         return flat, cached, len(block_hashes) * self.config.hash_block_size
 
@@ -250,6 +320,14 @@ class HybridCoordinator:
         group ``i``."""
         blocks: list[list[KVCacheBlock]] = [[] for _ in self.config.kv_cache_specs]
         for group, (kind, size, param, _), (num_blocks, bound, drop) in zip(self.spec_groups, flat, entries):
+            if self._fine(group):  # KV-MAMBA-020: nulls, then the page cached under the hit's unit
+                hit, page_size = num_blocks * size, group.kv_cache_spec.block_size
+                pages = cdiv(hit, page_size)
+                nulls = spec.num_null_hit_blocks(kind, pages, bound, drop, page_size, param)
+                for group_id in group.group_ids:
+                    blocks[group_id] = [self.pool.null_block] * nulls + (
+                        [self.pool._cached_block((block_hashes[hit // size - 1], group_id))] if hit else [])
+                continue
             nulls = spec.num_null_hit_blocks(kind, num_blocks, bound, drop, size, param)
             for group_id in group.group_ids:
                 blocks[group_id] = [self.pool.null_block] * nulls + [
@@ -264,6 +342,8 @@ class HybridCoordinator:
         """Entries of spec group ``index``'s hit: a full-attention group is trimmed to the
         final hit (KV-HYB-006), any other keeps what its last lookup answered."""
         kind, size = self.spec_groups[index].kind, self.spec_groups[index].kv_cache_spec.block_size
+        if self._fine(self.spec_groups[index]):
+            return lengths[index] // self.config.hash_block_size  # hash units (KV-MAMBA-020)
         return cdiv(hit, size) if kind == spec.FULL else lengths[index] // size
 
     # -- filling the cache -------------------------------------------------------------

@@ -80,8 +80,10 @@ def _mamba_settings(kv_spec: object) -> dict[str, object]:
 
 # -- contracts -------------------------------------------------------------------------------
 def _refcounts_balanced(manager: KVCacheManager) -> bool:
+    """KV-POOL-011, with KV-MAMBA-025: both pages of a queued copy hold one reference more."""
     occurrences = Counter(b.block_id for group in manager.groups for table in group.req_to_blocks.values()
                           for b in table if not b.is_null)
+    occurrences.update(b.block_id for group in manager.groups for pair in group.pending_copies for b in pair)
     pool = manager.pool
     # The pool's non-public reader: a public call would re-check the pool's invariants.
     return pool_spec.refcounts_balanced(
@@ -112,7 +114,7 @@ def _hit_is_valid(manager: KVCacheManager, bound: int, result: tuple[KVCacheBloc
     """Within the bound, aligned, and each group holding the entries that cover it."""
     blocks, length = result
     sizes = [s.block_size for s in manager.config.kv_cache_specs]
-    alignment = sizes[0] if len(sizes) == 1 else manager.config.scheduler_block_size
+    alignment = sizes[0] if len(sizes) == 1 else manager.config.hit_alignment
     full_groups_cover = all(len(group) == lifecycle.cdiv(length, size)
                             for group, size, g in zip(blocks.blocks, sizes, manager.groups)
                             if g.kind == hybrid_spec.FULL)
@@ -146,11 +148,13 @@ def _cached_as_specified(manager: KVCacheManager, request: Request, OLD: object)
         position, checkpoint = group.checkpoints.get(request.request_id, (0, -1))
         if position > len(request.block_hashes) * request.hash_block_size:
             position = 0  # KV-MAMBA-017: past the committed tokens, not keyed
+        keeps = not group.fine or mamba_spec.checkpoint_keeps_key(
+            position or request.hash_block_size, request.num_prompt_tokens, request.hash_block_size, group.block_size,
+            manager.config.use_eagle)
         if position and 0 <= checkpoint < len(table) and not table[checkpoint].is_null and table[checkpoint].cache_key \
-                != (manager.coordinator.view_hash(request.block_hashes, group.block_size,
-                                                  position // group.block_size - 1), group.group_id):
-            return False
-        for i in spec.blocks_to_cache(group.kind, group.param, before, after, group.block_size, group.alignment,
+                != ((request.block_hashes[position // request.hash_block_size - 1], group.group_id) if keeps else None):
+            return False  # KV-MAMBA-011, KV-MAMBA-021: keyed at its position, or no key inside a block
+        for i in spec.blocks_to_cache(group.kind, group.param, before, after, group.block_size, group.cache_alignment,
                                       group.eagle, tuple(b.is_null for b in table)):
             if position and i == checkpoint:
                 continue
@@ -341,6 +345,25 @@ class KVCacheManager:
         """The scheduler begins a step (KV-MAMBA-009): states cached in earlier steps are hits now."""
         for group in self.groups:
             group.new_step_starts()
+
+    @icontract.snapshot(lambda self: tuple(pair for group in self.groups for pair in group.pending_copies),
+                        name="pending", enabled=ENABLED)
+    @icontract.snapshot(lambda self: self.pool._ref_counts(), name="refs", enabled=ENABLED)
+    @icontract.ensure(lambda self, result, OLD: result == [(s.block_id, c.block_id) for s, c in OLD.pending]
+                      and not any(group.pending_copies for group in self.groups),
+                      "KV-MAMBA-023/KV-MAMBA-024: every queued copy, in order, once", enabled=ENABLED)
+    @icontract.ensure(lambda self, OLD: all(
+        self.pool._ref_counts()[b] == OLD.refs[b] - sum(b in (s.block_id, c.block_id) for s, c in OLD.pending)
+        for b in range(self.pool.num_blocks)),
+        "KV-MAMBA-025: once taken, both pages of each copy lose the reference that held them", enabled=ENABLED)
+    def take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
+        """The copies the allocations queued since the last call, as (source, copy) block ids in
+        the order the runner makes them (KV-MAMBA-023, KV-MAMBA-024), and, as vLLM's scheduler does
+        with the pages ``take_kv_cache_block_copies`` hands it (without deferred frees), the
+        reference that held both pages of each released (KV-MAMBA-025)."""
+        copies = [pair for group in self.groups for pair in group.take_copies()]
+        self.pool.free_blocks([block for pair in copies for block in pair])
+        return [(source.block_id, copy.block_id) for source, copy in copies]
 
     def evict_blocks(self, block_ids: Iterable[int]) -> None:
         block_ids = list(block_ids)

@@ -36,12 +36,16 @@ from .request import Request
 
 
 def _align_layout_taken(group: SingleTypeManager, request_id: str, old: tuple[int, ...], main_tokens: int,
-                        checkpoint: bool, allocated: bool, result: list[KVCacheBlock]) -> bool:
+                        checkpoint: bool, allocated: bool, copy_entry: int, result: list[KVCacheBlock]) -> bool:
     """KV-MAMBA-004/KV-MAMBA-005: the table is the spec's layout of the old one, and the
-    allocation returns its new tail."""
+    allocation returns its new tail; KV-MAMBA-023: a consumer's copy (``copy_entry`` >= 0 on a
+    first allocation) stands in the shared entry and is returned first."""
     table = group.req_to_blocks.get(request_id, [])
-    layout = mamba_spec.align_layout(len(old), main_tokens, group.block_size, group.num_speculative_blocks,
-                                     checkpoint, allocated)
+    layout = list(mamba_spec.align_layout(len(old), main_tokens, group.block_size, group.num_speculative_blocks,
+                                          checkpoint, allocated))
+    private = copy_entry >= 0 and not allocated
+    if private:
+        layout[copy_entry] = mamba_spec.NEW
     if len(layout) != len(table):
         return False
     for entry, block in zip(layout, table):
@@ -51,8 +55,9 @@ def _align_layout_taken(group: SingleTypeManager, request_id: str, old: tuple[in
             return False
         if entry == mamba_spec.NEW and (block.is_null or block.block_id in old):
             return False
-    grew = len(layout) > len(old) or checkpoint
-    return [b.block_id for b in result] == ([b.block_id for b in table[len(old):]] if grew else [])
+    grew = len(layout) > len(old) or checkpoint or copy_entry >= 0
+    tail = [b.block_id for b in table[len(old):]] if grew else []
+    return [b.block_id for b in result] == ([table[copy_entry].block_id] if private else []) + tail
 
 
 class SingleTypeManager:
@@ -86,7 +91,10 @@ class SingleTypeManager:
         #: With one group vLLM's unitary coordinator hashes and aligns at the block size and
         #: caches every computed token; with several, hits align to the scheduler block size.
         self.several_groups = len(coordinator.config.kv_cache_specs) > 1
-        self.alignment = coordinator.config.scheduler_block_size if self.several_groups else block_size
+        self.alignment = coordinator.config.hit_alignment if self.several_groups else block_size
+        #: vLLM's fine-grained partial hits are on for the model (KV-MAMBA-019): hits align to the
+        #: hash block and the tokens a group caches are not rounded down.
+        self.partial_hits = coordinator.config.partial_hits
         self.req_to_blocks: dict[str, list[KVCacheBlock]] = {}
         self.num_cached_block: dict[str, int] = {}
         #: A Mamba group with prefix caching: vLLM's "align" mode (chapter 8).
@@ -105,6 +113,22 @@ class SingleTypeManager:
         self.checkpoints: dict[str, tuple[int, int]] = {}
         #: Keys this group cached since the scheduler's last new step (KV-MAMBA-009).
         self.cached_this_step: set[CacheKey] = set()
+        #: An align-mode group whose block is coarser than the hash block, partial hits on
+        #: (KV-MAMBA-020 .. KV-MAMBA-025).
+        self.fine = self.align and self.partial_hits and block_size > coordinator.config.hash_block_size
+        #: Requests with a copy due at their next allocation: (entry, the shared page) -- a
+        #: consumer's partial hit (KV-MAMBA-023) or a producer's partial tail (KV-MAMBA-024).
+        self.copy_due: dict[str, tuple[int, KVCacheBlock]] = {}
+        #: Copies queued for the runner, (source, copy), each page held one reference more until
+        #: the scheduler takes them (KV-MAMBA-025).
+        self.pending_copies: list[tuple[KVCacheBlock, KVCacheBlock]] = []
+
+    @property
+    def cache_alignment(self) -> int:
+        """The alignment :func:`~kvoracle.spec.hybrid_lifecycle.blocks_to_cache` reads a sliding
+        window's reach with; a fine-grained Mamba group, whose block is coarser than the hash
+        block it aligns to, passes its own block (the function reads it for windows only)."""
+        return self.block_size if self.fine else self.alignment
 
     def skipped_tokens(self, num_computed_tokens: int) -> int:
         return spec.skipped_tokens(self.kind, self.param, num_computed_tokens)
@@ -159,6 +183,10 @@ class SingleTypeManager:
         self.pool.touch(kept)  # KV-LIFE-006: before any group takes a new block
         table.extend([self.pool.null_block] * skipped_blocks + kept)
         self.num_cached_block[request_id] = len(table)
+        entry = mamba_spec.shared_entry(num_computed_tokens, self.block_size) if self.fine and kept else -1
+        if entry >= 0:  # KV-MAMBA-023: a partial hit; its entry is not cached, and a copy is due
+            self.copy_due[request_id] = (entry, table[entry])
+            self.num_cached_block[request_id] = entry
 
     def allocate_new_blocks(self, request_id: str, num_tokens: int, main_tokens: int | None = None
                             ) -> list[KVCacheBlock]:
@@ -174,7 +202,7 @@ class SingleTypeManager:
 
     def cache_blocks(self, request: Request, num_tokens: int) -> None:
         """KV-HLC-005: cache the reachable non-null full blocks up to the cacheable tokens."""
-        if self.several_groups:  # KV-HYB-010
+        if self.several_groups and not self.partial_hits:  # KV-HYB-010 (KV-MAMBA-019: no rounding)
             num_tokens = hybrid_spec.num_cacheable_tokens(num_tokens, self.alignment, self.eagle, self.block_size)
         if self.align:
             self._align_cache(request, num_tokens)
@@ -201,7 +229,7 @@ class SingleTypeManager:
             return  # nothing new: the request stays untracked if it was
         table = self.req_to_blocks[request.request_id]
         indices = spec.blocks_to_cache(self.kind, self.param, num_cached, num_full, self.block_size,
-                                       self.alignment, self.eagle, tuple(b.is_null for b in table))
+                                       self.cache_alignment, self.eagle, tuple(b.is_null for b in table))
         pairs = [(table[i], (self.coordinator.view_hash(request.block_hashes, self.block_size, i),
                              self.group_id)) for i in indices]
         if self.align:  # KV-MAMBA-011: a checkpoint page keyed earlier is keyed at its position now
@@ -220,7 +248,8 @@ class SingleTypeManager:
         self.num_cached_block.pop(request_id, None)
         ids = tuple(b.block_id for b in table)
         if self.align:
-            for bookkeeping in (self.last_state_index, self.num_retired, self.checkpoints):
+            # (KV-MAMBA-024: a producer freed before its copy releases its page with the tail key.)
+            for bookkeeping in (self.last_state_index, self.num_retired, self.checkpoints, self.copy_due):
                 bookkeeping.pop(request_id, None)
             self.allocated.discard(request_id)
             order = mamba_spec.align_free_order(ids)
@@ -276,16 +305,25 @@ class SingleTypeManager:
         deferred = bool(hits) and hits[-1].cache_key is not None and hits[-1].cache_key in self.cached_this_step
         evictable = sum(b.ref_cnt == 0 and not b.is_null for b in hits)
         checkpoint = self.checkpoint_of(request_id, num_computed_tokens, main_tokens) > 0
-        return mamba_spec.align_need(main_tokens, self.block_size, self.num_speculative_blocks, len(hits),
-                                     len(table), request_id in self.allocated, checkpoint, evictable, deferred,
-                                     self.pool.num_blocks)
+        allocated = request_id in self.allocated
+        if not self.fine:
+            return mamba_spec.align_need(main_tokens, self.block_size, self.num_speculative_blocks, len(hits),
+                                         len(table), allocated, checkpoint, evictable, deferred,
+                                         self.pool.num_blocks)
+        # KV-MAMBA-022: a consumer's partial hit or a producer's pending tail takes one page more.
+        partial_hit = bool(hits) and mamba_spec.shared_entry(num_computed_tokens, self.block_size) >= 0
+        action = mamba_spec.copy_action(partial_hit, request_id in self.copy_due and allocated, allocated)
+        return mamba_spec.copy_need(main_tokens, self.block_size, self.num_speculative_blocks, len(hits),
+                                    len(table), allocated, checkpoint, evictable, deferred, self.pool.num_blocks,
+                                    action)
 
     @icontract.snapshot(lambda self, request_id: tuple(b.block_id for b in self.req_to_blocks.get(request_id, ())),
                         name="table", enabled=ENABLED)
-    @icontract.snapshot(lambda self, request_id: (request_id in self.checkpoints, request_id in self.allocated),
+    @icontract.snapshot(lambda self, request_id: (request_id in self.checkpoints, request_id in self.allocated,
+                                                  self.copy_due.get(request_id, (-1, None))[0]),
                         name="flags", enabled=ENABLED)
     @icontract.ensure(lambda self, request_id, main_tokens, result, OLD: _align_layout_taken(
-        self, request_id, OLD.table, main_tokens, OLD.flags[0], OLD.flags[1], result),
+        self, request_id, OLD.table, main_tokens, OLD.flags[0], OLD.flags[1], OLD.flags[2], result),
         "KV-MAMBA-004/KV-MAMBA-005: the table grows to the running and speculative pages, moving them",
         enabled=ENABLED)
     @icontract.ensure(lambda self, request_id: mamba_spec.align_table_ok(
@@ -297,19 +335,52 @@ class SingleTypeManager:
         checkpoint = request_id in self.checkpoints
         allocated = request_id in self.allocated
         self.allocated.add(request_id)
+        due = self.copy_due.pop(request_id, None)
         old = list(table)
         layout = mamba_spec.align_layout(len(old), main_tokens, self.block_size, self.num_speculative_blocks,
                                          checkpoint, allocated)
-        if len(layout) == len(old) and not checkpoint:
-            return []  # long enough already
+        if len(layout) == len(old) and not checkpoint and due is None:
+            return []  # long enough already (KV-MAMBA-022: never with a copy due)
         if allocated:
             self.last_state_index[request_id] = len(old) - 1 - self.num_speculative_blocks
         elif old:
             self.last_state_index[request_id] = len(old) - 1  # the adopted hit's state page
-        new = iter(self.pool.get_new_blocks(layout.count(mamba_spec.NEW)))
+        # The copy is the first block taken from the pool (KV-MAMBA-023, KV-MAMBA-024).
+        taken = self.pool.get_new_blocks(layout.count(mamba_spec.NEW) + (due is not None))
+        new = iter(taken[due is not None:])
         table[:] = [old[entry] if entry >= 0 else self.pool.null_block if entry == mamba_spec.NULL else next(new)
                     for entry in layout]
-        return table[len(old):]
+        returned = table[len(old):]
+        if due is not None:
+            returned = self._copy(request_id, due, taken[0], allocated) + returned
+        return returned
+
+    def _copy(self, request_id: str, due: tuple[int, KVCacheBlock], copy: KVCacheBlock, allocated: bool
+              ) -> list[KVCacheBlock]:
+        """Queue the copy of a shared page (KV-MAMBA-023, KV-MAMBA-024), both pages held one reference
+        more until it is taken (KV-MAMBA-025). Returns what the allocation returns of it."""
+        entry, source = due
+        table = self.req_to_blocks[request_id]
+        written, keyed = mamba_spec.copy_pages(mamba_spec.copy_action(not allocated, allocated, allocated))
+        self.pending_copies.append((source, copy))
+        if written == mamba_spec.COPY:
+            # A consumer: its table takes the copy; the shared page keeps the hit's reference.
+            table[entry] = copy
+            self.pool.touch([copy])
+            return [copy]
+        # A producer keeps writing its page: the cache entry moves to the copy, whose state is
+        # only there once the copy has run (a hit on it waits for the next step, KV-MAMBA-009).
+        assert keyed == mamba_spec.COPY and table[entry] is source
+        self.pool.move_key(source, copy)
+        self.pool.touch([source])
+        if copy.cache_key is not None:
+            self.cached_this_step.add(copy.cache_key)
+        return []
+
+    def take_copies(self) -> list[tuple[KVCacheBlock, KVCacheBlock]]:
+        """KV-MAMBA-025: the queued copies, in order; the caller releases their retention."""
+        copies, self.pending_copies = self.pending_copies, []
+        return copies
 
     def _align_cache(self, request: Request, num_tokens: int) -> None:
         """KV-MAMBA-011: full pages at their positions, then the step's checkpoint at its own;
@@ -319,18 +390,50 @@ class SingleTypeManager:
         self._cache_full_blocks(request, num_tokens)
         table = self.req_to_blocks.get(request_id, [])
         position, index = self.checkpoints.get(request_id, (0, -1))
-        if position and position <= len(request.block_hashes) * request.hash_block_size:  # else KV-MAMBA-017
-            key = (self.coordinator.view_hash(request.block_hashes, self.block_size, position // self.block_size - 1),
-                   self.group_id)
+        h = request.hash_block_size
+        drop_eagle = self.coordinator.config.use_eagle
+        if position and position <= len(request.block_hashes) * h:  # else KV-MAMBA-017
+            # (The key of the prefix of ``position`` tokens: a page's positional key where the
+            # position ends a block.)
+            key = (request.block_hashes[position // h - 1], self.group_id)
             keyed = 0 <= index < len(table) and table[index].cache_key == key
-            hashed = len(request.block_hashes) * request.hash_block_size
-            if mamba_spec.checkpoint_key_tokens(position, index, tuple(b.is_null for b in table), keyed, hashed):
+            hashed = len(request.block_hashes) * h
+            if self.fine and not mamba_spec.checkpoint_keeps_key(position, request.num_prompt_tokens, h,
+                                                                 self.block_size, drop_eagle):
+                # KV-MAMBA-021: a transient state inside a block; its page keeps no key.
+                if 0 <= index < len(table) and table[index].cache_key is not None:
+                    self.pool.evict_blocks([table[index].block_id])
+            elif mamba_spec.checkpoint_key_tokens(position, index, tuple(b.is_null for b in table), keyed, hashed):
                 self.pool.rekey(table[index], key)
                 self.cached_this_step.add(key)
+        elif self.fine and request_id not in self.checkpoints:
+            self._register_tail(request, num_tokens)
         after = self.num_cached_block.get(request_id, 0)
         for block in table[before:after]:
             if not block.is_null and block.cache_key is not None:
                 self.cached_this_step.add(block.cache_key)
+
+    def _register_tail(self, request: Request, num_tokens: int) -> None:
+        """KV-MAMBA-021: key the page holding the prompt's last hash boundary at that boundary; a
+        partial tail makes the request its producer (a copy is due, KV-MAMBA-024)."""
+        table = self.req_to_blocks.get(request.request_id, [])
+        h = request.hash_block_size
+        tokens_of = {unit: (i + 1) * h for i, unit in enumerate(request.block_hashes)}
+        keyed = tuple(tokens_of.get(b.cache_key[0], 0) if b.cache_key is not None else 0 for b in table)
+        entry = mamba_spec.tail_entry(num_tokens, request.num_prompt_tokens, h, self.block_size,
+                                      self.coordinator.config.use_eagle, False, tuple(b.is_null for b in table),
+                                      keyed)
+        if entry < 0:
+            return
+        # vLLM would keep a key for more tokens beside the new one; the page holding the boundary's
+        # state never carries one (its block is not full, and no checkpoint was reserved this step).
+        assert keyed[entry] < num_tokens, "a tail page keyed past the boundary"
+        key = (request.block_hashes[num_tokens // h - 1], self.group_id)
+        self.pool.rekey(table[entry], key)
+        self.cached_this_step.add(key)
+        if mamba_spec.shared_entry(num_tokens, self.block_size) >= 0:
+            self.copy_due[request.request_id] = (entry, table[entry])
+            self.num_cached_block[request.request_id] = entry
 
     # -- cascade attention -------------------------------------------------------------
     def num_common_prefix_blocks(self, request_id: str) -> int:

@@ -43,9 +43,9 @@ tail entry registered at the prompt's last hash boundary, and the
 copy-on-write of that shared tail (a request resuming inside a block gets a
 private copy of the state page, or, while it still writes the page, the cache
 entry moves to the copy). KV-MAMBA-019 to KV-MAMBA-025 now state those
-behaviours (below), but the reference does not implement them yet: it still
-rejects the configuration, and the rules wait on the gap list until the
-reference and the manager suite follow. Sparse checkpoint retention
+behaviours (below); the reference implements them where every other group keeps
+the hash block (a coarser full-attention group would get sub-block hits and
+copies of its own, which kvoracle does not specify, and is rejected). Sparse checkpoint retention
 (``prefix_cache_retention_interval``), the shared-prefix checkpoint
 (``enable_mamba_shared_prefix_checkpoint``), look-ahead hashes and KV
 connectors are not kvoracle parameters at all: the engines run with them off.
@@ -168,8 +168,8 @@ only on one real token a step, and prefill chunks obey KV-MAMBA-016 -- but an
 engine's caller may (kvoracle's own driver does), and they are then left
 unjudged.
 
-**Partial hits** (KV-MAMBA-019 .. KV-MAMBA-025; stated, not yet implemented by
-the reference nor judged). With several KV-cache groups, vLLM lets a hit end
+**Partial hits** (KV-MAMBA-019 .. KV-MAMBA-025; implemented by the reference, not yet
+judged). With several KV-cache groups, vLLM lets a hit end
 inside a Mamba block when an align-mode Mamba group's block ``B`` is a larger
 multiple of the hash block ``h`` and every other group can look hits up at ``h``
 (full attention and Mamba can; a sliding-window or chunked-local group only
@@ -241,10 +241,11 @@ KV_MAMBA_002 = rule(
 KV_MAMBA_003 = rule(
     "KV-MAMBA-003",
     "Sub-block Mamba hits and a cache mode that contradicts prefix caching are rejected",
-    """With prefix caching on, a Mamba group's block size must equal hash_block_size: a
-    larger one turns on vLLM's fine-grained partial hits (sub-block hits, partial tail
-    entries and their copy-on-write), which KV-MAMBA-019 to KV-MAMBA-025 state but the
-    reference does not implement yet (they are on the gap list). mamba_cache_mode
+    """With prefix caching on, a Mamba group's block size larger than hash_block_size is
+    accepted only where it turns on vLLM's fine-grained partial hits (rules KV-MAMBA-019 to KV-MAMBA-025:
+    sub-block hits, partial tail entries and their copy-on-write) and every other
+    cacheable group has block size hash_block_size (a coarser full-attention group would get
+    sub-block hits and copies of its own, which kvoracle does not specify). mamba_cache_mode
     must be "align" with prefix caching on and "none" with it off: vLLM derives the mode
     from enable_prefix_caching, and its MambaManager refuses caching in "none" mode. (Until
     the align chapter, align-mode allocation was out of scope here too; KV-MAMBA-004 to
@@ -484,8 +485,9 @@ KV_MAMBA_018 = rule(
 )
 
 # -- fine-grained partial hits (KV-MAMBA-019 .. KV-MAMBA-025) ------------------------------------
-# The reference does not implement these yet (KV-MAMBA-003 still rejects the configuration); they
-# are on the gap list (registry.NOT_YET_JUDGED) until the reference and the manager suite do.
+# The reference implements them for models whose other groups keep the hash block (KV-MAMBA-003
+# rejects the rest); they wait on the gap list (registry.NOT_YET_JUDGED) until the manager suite
+# judges them.
 KV_MAMBA_019 = rule(
     "KV-MAMBA-019",
     "Partial hits are on where a Mamba block is coarser than the hash block and every group can follow",
@@ -1231,6 +1233,10 @@ def _page_keys_only(cached: tuple[bool, ...], units_per_block: int) -> bool:
                                                 for i in range(len(cached) // (block_size // hash_block_size))),
                                           max_length, block_size, block_size),
                   "with positional keys only, KV-MAMBA-001's hit", enabled=ENABLED)
+@icontract.ensure(lambda result, cached, max_length, hash_block_size:
+                  result == hit_length(tuple(cached), max_length, hash_block_size, hash_block_size),
+                  "KV-MAMBA-001's finder over hash units: the hybrid loop can look it up as a group of "
+                  "block h", enabled=ENABLED)
 @defines(KV_MAMBA_020)
 def partial_hit_length(cached: tuple[bool, ...], max_length: int, block_size: int, hash_block_size: int) -> int:
     """The Mamba hit in tokens with partial hits on: ``cached[f]`` says whether the key of the
@@ -1321,6 +1327,36 @@ def checkpoint_keeps_key(position: int, num_prompt_tokens: int, hash_block_size:
     gives it, with partial hits on; otherwise its page loses every key."""
     return (position % block_size == 0
             or position == checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle))
+
+
+@icontract.require(lambda start, end, num_prompt_tokens, hash_block_size, block_size:
+                   0 <= start <= end and num_prompt_tokens > 0 and hash_block_size > 0
+                   and block_size > hash_block_size and block_size % hash_block_size == 0, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end: start <= result <= end, enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, num_prompt_tokens, hash_block_size, drop_eagle, exported:
+                  result == end or (not exported and result == checkpoint_position(
+                      num_prompt_tokens, hash_block_size, drop_eagle) < num_prompt_tokens),
+                  "only the prompt's last hash boundary stops a chunk, and only where it is not exported",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, start, end, num_prompt_tokens, hash_block_size, block_size, drop_eagle, exported,
+                  last_cacheable: result < end or exported
+                  or not last_cacheable < checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle)
+                  < num_prompt_tokens
+                  or not start < checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle) < end,
+                  "a chunk that passes the boundary stops there", enabled=ENABLED)
+@defines(KV_MAMBA_021)
+def tail_chunk_end(start: int, end: int, num_prompt_tokens: int, hash_block_size: int, block_size: int,
+                   drop_eagle: bool, exported: bool, last_cacheable: int) -> int:
+    """Where the scheduler ends a chunk from ``start`` to ``end`` computed tokens with partial hits
+    on, once KV-MAMBA-016 has cut it: at the prompt's last hash boundary ``b`` where the chunk
+    passes it strictly inside, ``b`` lies inside the prompt and past the last block boundary the
+    scheduler may cache at (``last_cacheable``), and the backend does not export ``b`` as the
+    chunk's checkpoint (``exported``) -- the step that ends there keys the partial tail
+    (:func:`tail_entry`)."""
+    boundary = checkpoint_position(num_prompt_tokens, hash_block_size, drop_eagle)
+    if exported or not last_cacheable < boundary < num_prompt_tokens or not start < boundary < end:
+        return end
+    return boundary
 
 
 #: What an allocation does about a shared page (:func:`copy_action`).

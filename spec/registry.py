@@ -60,9 +60,8 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 #: empty from KV-EXT-014 on, until chapter 8 stated vLLM's fine-grained partial Mamba hits
 #: (KV-MAMBA-019 .. 025), which the reference does not implement yet.
 _PARTIAL_HITS_GAP = (
-    "the reference does not implement fine-grained partial Mamba hits yet (it rejects a Mamba block "
-    "larger than the hash block, KV-MAMBA-003), so the manager suite cannot generate them; judging "
-    "it needs the reference to accept such groups and model the rule, the manager suite to generate "
+    "the reference implements fine-grained partial Mamba hits, but the manager suite does not generate "
+    "them yet; judging it needs the manager suite to generate "
     "hybrid configurations with a Mamba block a multiple of the hash block, and the vLLM adapter to "
     "report the pending copies (issue 16)")
 NOT_YET_JUDGED: dict[str, str] = {

@@ -256,8 +256,14 @@ def test_reference_rejects_modes_against_the_caching_switch() -> None:
         KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2, mamba_cache_mode="none")), 20, 64, 2))
     with pytest.raises(ConfigError, match=r"KV-MAMBA-003: kv_cache_specs\[0\]\.mamba_cache_mode"):
         KVCacheManager(HybridConfig((MambaSpec(2),), 20, 64, 2, enable_caching=False))
-    with pytest.raises(ConfigError, match="KV-MAMBA-003"):  # sub-block hits stay out of scope
-        HybridConfig((FullAttentionSpec(4), MambaSpec(8)), 20, 64, 4)
+    # A Mamba block coarser than the hash block: partial hits (KV-MAMBA-019) where every other group
+    # keeps the hash block, rejected where they stay off or a coarser full-attention group would get
+    # sub-block hits of its own.
+    assert HybridConfig((FullAttentionSpec(4), MambaSpec(8)), 20, 64, 4).partial_hits
+    with pytest.raises(ConfigError, match=r"KV-MAMBA-003: kv_cache_specs\[1\]\.block_size"):
+        HybridConfig((SlidingWindowSpec(8, sliding_window=4), MambaSpec(8)), 20, 64, 4)
+    with pytest.raises(ConfigError, match=r"KV-MAMBA-003: kv_cache_specs\[0\]\.block_size"):
+        HybridConfig((FullAttentionSpec(8), MambaSpec(16)), 20, 64, 4)
     KVCacheManager(HybridConfig((FullAttentionSpec(2), MambaSpec(2)), 20, 64, 2))  # align mode: accepted
 
 
