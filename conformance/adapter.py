@@ -27,6 +27,12 @@ claims their capability; the rules needing it are "not applicable" to any other:
   (``KVCacheManager.new_step_starts``). The manager suite generates Mamba groups with prefix
   caching on (vLLM's "align" mode, chapter 8) only for an adapter claiming it, and calls
   ``new_step()`` between steps (KV-MAMBA-009: a state cached in a step is a hit only after it).
+* ``mamba_partial_hits``: ``take_copies()``, what the scheduler does at the end of each step with
+  ``KVCacheManager.take_kv_cache_block_copies``: the copies the allocations queued, as (source,
+  copy) block ids in order, with the reference that held both pages of each released (without
+  deferred frees). The manager suite generates align-mode Mamba groups coarser than the hash block
+  (vLLM's fine-grained partial hits, KV-MAMBA-019 .. KV-MAMBA-025) only for an adapter claiming it,
+  and takes the copies before each ``new_step()``.
 """
 
 from __future__ import annotations
@@ -81,6 +87,7 @@ RETURNS = {
     "reset_prefix_cache": returns.boolean,
     "common_prefix_blocks": returns.sequence_of(returns.integer),
     "skipped_tokens": returns.sequence_of(returns.integer),
+    "take_copies": returns.sequence_of(returns.sequence_of(returns.integer, length=2)),
     "observe": returns.attributes(
         Observation, num_free_blocks=returns.integer, usage=returns.instance_of((int, float)),
         block_tables=returns.mapping_of(returns.instance_of(str), returns.block_id_groups),
@@ -160,3 +167,7 @@ class OptionalEngineAdapter(Protocol):
 
     def new_step(self) -> None:
         """``mamba_align``: a new scheduler step starts (``new_step_starts``)."""
+
+    def take_copies(self) -> tuple[tuple[int, int], ...]:
+        """``mamba_partial_hits``: the queued copies as (source, copy) block ids, in order; both
+        pages of each lose the reference that held them (KV-MAMBA-025)."""

@@ -13,6 +13,7 @@ KV-HYB-013's (and the free queue's null block KV-POOL-002's).
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from kvoracle.reference import HybridConfig, ManagerConfig, group_kinds, groups_config
 from kvoracle.spec import block_pool as pool_spec
@@ -34,7 +35,10 @@ def in_any_table(tables: object) -> set[int]:
     return {b for entries in tables.values() for table in entries for b in table}  # type: ignore[attr-defined]
 
 
-def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observation: Observation) -> None:
+def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observation: Observation,
+              held: Mapping[int, int] | None = None) -> None:
+    """``held``: references the caller knows pages hold outside the tables -- both pages of each
+    copy queued and not yet taken (KV-MAMBA-025); an imbalance only there is that rule's."""
     check = verdicts.check
     groups = groups_config(config)
     kinds = group_kinds(config)
@@ -69,11 +73,15 @@ def check_all(verdicts: Verdicts, config: ManagerConfig | HybridConfig, observat
     if counts is not None:
         check("KV-POOL-017", pool_spec.null_count_untouched(tuple(counts)),
               lambda: f"null block ref count {counts[0]}")
-        occurrences = tuple(in_tables.get(i, 0) for i in range(num_blocks))
-        check("KV-POOL-011", len(counts) == num_blocks and pool_spec.refcounts_balanced(tuple(counts), occurrences),
+        extra = held or {}
+        occurrences = tuple(in_tables.get(i, 0) + extra.get(i, 0) for i in range(num_blocks))
+        off = {i for i, c in enumerate(counts) if i and i < num_blocks and c != occurrences[i]}
+        check("KV-MAMBA-025" if off and off <= set(extra) else "KV-POOL-011",
+              len(counts) == num_blocks and pool_spec.refcounts_balanced(tuple(counts), occurrences),
               lambda: f"{len(counts)} reference counts for {num_blocks} blocks" if len(counts) != num_blocks
               else "ref counts " + str({i: (c, occurrences[i]) for i, c in enumerate(counts)
-                                        if i and c != occurrences[i]}) + " (count, table occurrences)")
+                                        if i and c != occurrences[i]}) + " (count, table occurrences"
+              + (" and queued copies" if extra else "") + ")")
     if queue is not None:
         check("KV-POOL-002", NULL_BLOCK_ID not in queue, lambda: f"the null block is in the free queue {queue}")
         check("KV-POOL-012", observation.num_free_blocks == len(queue),

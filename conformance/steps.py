@@ -188,10 +188,20 @@ class NewStep:
 
 
 @attrs.frozen
+class TakeCopies:
+    """The scheduler ends a step: it takes the copies the allocations queued
+    (``KVCacheManager.take_kv_cache_block_copies``) and releases the pages that held them
+    (KV-MAMBA-023 .. KV-MAMBA-025). Generated for partial-hit models only, before each
+    :class:`NewStep`."""
+
+    primary_rule = "KV-MAMBA-025"
+
+
+@attrs.frozen
 class CommonPrefix:
     request_id: str
     primary_rule = "KV-LIFE-010"
 
 
 Step = Configure | ConfigureGroups | AddRequest | Schedule | EmptyAllocation | Probe | AppendTokens | Free | \
-    Evict | ResetPrefixCache | CommonPrefix | Observe | NewStep
+    Evict | ResetPrefixCache | CommonPrefix | Observe | NewStep | TakeCopies

@@ -168,8 +168,9 @@ only on one real token a step, and prefill chunks obey KV-MAMBA-016 -- but an
 engine's caller may (kvoracle's own driver does), and they are then left
 unjudged.
 
-**Partial hits** (KV-MAMBA-019 .. KV-MAMBA-025; implemented by the reference, not yet
-judged). With several KV-cache groups, vLLM lets a hit end
+**Partial hits** (KV-MAMBA-019 .. KV-MAMBA-025; judged by the manager suite where
+the engine claims ``mamba_partial_hits``, which adds ``take_copies()``, the scheduler's
+end of a step). With several KV-cache groups, vLLM lets a hit end
 inside a Mamba block when an align-mode Mamba group's block ``B`` is a larger
 multiple of the hash block ``h`` and every other group can look hits up at ``h``
 (full attention and Mamba can; a sliding-window or chunked-local group only
@@ -486,8 +487,7 @@ KV_MAMBA_018 = rule(
 
 # -- fine-grained partial hits (KV-MAMBA-019 .. KV-MAMBA-025) ------------------------------------
 # The reference implements them for models whose other groups keep the hash block (KV-MAMBA-003
-# rejects the rest); they wait on the gap list (registry.NOT_YET_JUDGED) until the manager suite
-# judges them.
+# rejects the rest), and the manager suite judges them where the engine claims mamba_partial_hits.
 KV_MAMBA_019 = rule(
     "KV-MAMBA-019",
     "Partial hits are on where a Mamba block is coarser than the hash block and every group can follow",
@@ -503,6 +503,8 @@ KV_MAMBA_019 = rule(
            f"{COORD} UnitaryKVCacheCoordinator.__init__ (hash_block_size == block_size); "
            f"{SCHED} Scheduler.__init__ (mamba_partial_cache_hit)",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 KV_MAMBA_020 = rule(
     "KV-MAMBA-020",
@@ -519,6 +521,8 @@ KV_MAMBA_020 = rule(
            "SingleTypeKVCacheManager._has_partial_local_hit; vllm/v1/core/kv_cache_utils.py "
            "resolve_block_hashes (the raw hashes kept for fine-grained lookups)",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 KV_MAMBA_021 = rule(
     "KV-MAMBA-021",
@@ -539,6 +543,8 @@ KV_MAMBA_021 = rule(
            "vllm/v1/kv_cache_interface.py get_mamba_prefill_checkpoint_position; "
            f"{SCHED} Scheduler._mamba_block_aligned_split (tail_boundary)",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 KV_MAMBA_022 = rule(
     "KV-MAMBA-022",
@@ -551,6 +557,8 @@ KV_MAMBA_022 = rule(
     source=f"{STKV} MambaManager.get_num_blocks_to_allocate (has_partial_hit, physical_block_cap) / "
            "allocate_new_blocks (early return skipped with a partial hit)",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 KV_MAMBA_023 = rule(
     "KV-MAMBA-023",
@@ -567,6 +575,8 @@ KV_MAMBA_023 = rule(
            "vllm/v1/worker/utils.py copy_kv_cache_blocks_inplace; vllm/v1/worker/gpu_model_runner.py "
            "GPUModelRunner._update_states (the copies before the forward)",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 KV_MAMBA_024 = rule(
     "KV-MAMBA-024",
@@ -583,6 +593,8 @@ KV_MAMBA_024 = rule(
            "move_block_hashes, cached_blocks_this_step) / pop_blocks_for_free; "
            "vllm/v1/core/block_pool.py BlockPool.move_block_hashes",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 KV_MAMBA_025 = rule(
     "KV-MAMBA-025",
@@ -601,6 +613,8 @@ KV_MAMBA_025 = rule(
            f"{MGR} KVCacheManager.take_kv_cache_block_copies; {SCHED} Scheduler.schedule / "
            "_free_cow_retained_blocks",
     chapter=CHAPTER,
+    needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
 )
 
 

@@ -42,7 +42,7 @@ SUITES = ("manager", "hybrid", "external-store", "prefix-tree")
 CAPABILITIES = ("exact_block_ids", "free_queue", "ref_counts", "cache_map", "request_hashes", "eagle",
                 "caching_off", "lookahead", "delay_cache", "evict", "reset", "cache_salt",
                 "hash_block_views", "kv_data", "kv_cache_groups", "uncached_prefix_tokens", "per_group_lookup",
-                "skipped_tokens", "mamba_align")
+                "skipped_tokens", "mamba_align", "mamba_partial_hits")
 
 #: ``spec_only`` reasons shared by several rules.
 INPUT_VALIDATION = ("kvoracle's own input validation: it rejects the configuration or argument with a "
@@ -56,19 +56,9 @@ LAYER_SPEC_GROUPING = ("how layer specs merge into KV-cache groups, decided befo
 
 #: The gap list: rules an engine adapter could observe but no suite judges yet, each
 #: with what a suite would need to judge it. Exactly the rules with neither
-#: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that). It was
-#: empty from KV-EXT-014 on, until chapter 8 stated vLLM's fine-grained partial Mamba hits
-#: (KV-MAMBA-019 .. 025), which the reference does not implement yet.
-_PARTIAL_HITS_GAP = (
-    "the reference implements fine-grained partial Mamba hits, but the manager suite does not generate "
-    "them yet; judging it needs the manager suite to generate "
-    "hybrid configurations with a Mamba block a multiple of the hash block, and the vLLM adapter to "
-    "report the pending copies (issue 16)")
-NOT_YET_JUDGED: dict[str, str] = {
-    rule_id: _PARTIAL_HITS_GAP
-    for rule_id in ("KV-MAMBA-019", "KV-MAMBA-020", "KV-MAMBA-021", "KV-MAMBA-022", "KV-MAMBA-023",
-                    "KV-MAMBA-024", "KV-MAMBA-025")
-}
+#: ``judged_by`` nor ``spec_only`` (tests/test_rule_metadata.py holds it to that). Empty since
+#: the manager suite judges vLLM's fine-grained partial Mamba hits (KV-MAMBA-019 .. 025, issue 16).
+NOT_YET_JUDGED: dict[str, str] = {}
 
 
 @dataclass(frozen=True)

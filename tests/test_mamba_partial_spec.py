@@ -1,5 +1,6 @@
 """KV-MAMBA-019 .. KV-MAMBA-025: vLLM 0.33.0's fine-grained partial Mamba hits, stated by the
-chapter's functions (the reference does not implement them yet; the rules are on the gap list).
+chapter's functions (the reference implements them, tests/test_mamba_partial_reference.py; the manager
+suite judges them).
 
 The properties run each function under its icontract conditions over random arguments; the
 worked examples follow one producer and one consumer of a partial tail through the functions
@@ -21,12 +22,13 @@ RULES = [f"KV-MAMBA-0{n}" for n in range(19, 26)]
 KINDS = st.sampled_from(("full", "sliding_window", "chunked_local", "mamba"))
 
 
-def test_the_rules_wait_on_the_gap_list() -> None:
+def test_the_manager_suite_judges_the_rules() -> None:
     for rule_id in RULES:
         rule = get_rule(rule_id)
-        assert rule.chapter == "mamba" and not rule.judged_by and rule.spec_only is None
-        assert rule_id in NOT_YET_JUDGED and rule.definitions, rule_id
-    assert "KV-MAMBA-019 to KV-MAMBA-025" in get_rule("KV-MAMBA-003").text
+        assert rule.chapter == "mamba" and rule.judged_by == ("manager",) and rule.spec_only is None
+        assert "mamba_partial_hits" in rule.needs and rule.definitions, rule_id
+        assert rule_id not in NOT_YET_JUDGED, rule_id
+    assert "KV-MAMBA-019 to" in get_rule("KV-MAMBA-003").text
 
 
 @given(st.lists(st.tuples(KINDS, st.integers(1, 4)), min_size=1, max_size=4), st.integers(1, 4))

@@ -177,7 +177,8 @@ class PagedStoreWrapper:
         return self.inner.version()
 
     def capabilities(self) -> Capabilities:
-        return attrs.evolve(self.inner.capabilities(), kv_data=True)
+        # (The store's runner makes no copies of shared Mamba pages: no partial-hit models here.)
+        return attrs.evolve(self.inner.capabilities(), kv_data=True, mamba_partial_hits=False)
 
     def configure(self, config: EngineConfig) -> None:
         self.inner.configure(config)

@@ -40,7 +40,8 @@ class ReferenceEngine:
     def capabilities(self) -> Capabilities:
         return Capabilities(common_prefix=self.common_prefix, free_order=self.free_order,
                             mamba_free_lag=self.mamba_free_lag, kv_cache_groups=True,
-                            hash_block_views=True, skipped_tokens=True, mamba_align=True)
+                            hash_block_views=True, skipped_tokens=True, mamba_align=True,
+                            mamba_partial_hits=True)
 
     def make_manager(self, config: EngineConfig) -> KVCacheManager:
         return KVCacheManager(config)
@@ -119,6 +120,11 @@ class ReferenceEngine:
         """The scheduler starts a step (KV-MAMBA-009)."""
         assert self.manager is not None
         self.manager.new_step_starts()
+
+    def take_copies(self) -> tuple[tuple[int, int], ...]:
+        """The scheduler takes the queued copies and releases their pages (KV-MAMBA-025)."""
+        assert self.manager is not None
+        return tuple(self.manager.take_kv_cache_block_copies())
 
     def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
         """Each group's skipped tokens after ``num_computed_tokens`` (KV-SWA-006, KV-CHUNK-002)."""

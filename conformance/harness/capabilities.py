@@ -92,6 +92,10 @@ class Capabilities:
     #: chapter 8), checkpoint settings included, and offers ``new_step()``, the scheduler's
     #: call at the start of each step (``KVCacheManager.new_step_starts``, KV-MAMBA-009).
     mamba_align: bool = False
+    #: The manager adapter takes align-mode Mamba groups coarser than the hash block where they
+    #: turn vLLM's fine-grained partial hits on (KV-MAMBA-019), and offers ``take_copies()``, the
+    #: scheduler's ``take_kv_cache_block_copies`` with the held pages released (KV-MAMBA-025).
+    mamba_partial_hits: bool = False
     #: The prefix-tree suite's eviction order: one of :data:`TREE_RECENCIES`.
     tree_recency: str = attrs.field(default="page")
 

@@ -25,6 +25,7 @@ from ..steps import (
     Probe,
     ResetPrefixCache,
     Schedule,
+    TakeCopies,
 )
 from .choose_groups import group_setups
 from .choose_one_group import manager_configs
@@ -51,6 +52,7 @@ __all__ = [
     "Probe",
     "ResetPrefixCache",
     "Schedule",
+    "TakeCopies",
     "group_setups",
     "make_machine",
     "manager_configs",

@@ -23,6 +23,17 @@ cache keys after an allocation are KV-MAMBA-011's (KV-MAMBA-017's when the step'
 lies past the hashed tokens); a free queue that differs only in the order of a freed
 request's Mamba pages is KV-MAMBA-012's; a table ending in a null, KV-MAMBA-013's
 (:mod:`..invariants`).
+
+With partial hits on (a Mamba block coarser than the hash block, KV-MAMBA-019) the scheduler
+also stops a chunk at the prompt's last hash boundary (:func:`kvoracle.spec.mamba.tail_chunk_end`)
+and takes the step's copies before each new step (:class:`~..steps.TakeCopies`). Charged first:
+a lookup whose hit ends inside a Mamba block on either side, KV-MAMBA-020; an attention group's
+cache map that is the one rounded to the scheduler block size, KV-MAMBA-019; a Mamba key inside a
+block, KV-MAMBA-021 (KV-MAMBA-024 in the step that moves a tail's key); an allocation whose
+outcome the copy's page explains, KV-MAMBA-022; a consumer's table without its private copy at
+the shared entry, KV-MAMBA-023, a producer's without its own page, KV-MAMBA-024; the copies
+taken, KV-MAMBA-023/024; reference counts while a copy is queued and after it is taken,
+KV-MAMBA-025.
 """
 
 from __future__ import annotations
@@ -79,7 +90,22 @@ class AlignJudge:
         start = request.num_computed_tokens + hit_tokens
         prefill_end = max(request.num_prompt_tokens, request.num_tokens - 1)
         end = mamba_spec.aligned_chunk_end(start, start + max(new, 0), prefill_end, block_size)
+        if self.config.partial_hits and start < prefill_end:
+            end = self._tail_stop(request, start, end, prefill_end, block_size)
         return end - start, drafts if end == request.num_tokens else 0
+
+    def _tail_stop(self, request: object, start: int, end: int, prefill_end: int, block_size: int) -> int:
+        """KV-MAMBA-021: with partial hits the scheduler also ends a chunk at the prompt's last hash
+        boundary, unless the backend exports that boundary as the chunk's checkpoint."""
+        assert self.setup is not None
+        h = self.setup.hash_block_size
+        eagle = self.setup.use_eagle
+        exported = bool(self.setup.mamba_checkpoint_blocks) and end >= prefill_end and \
+            mamba_spec.checkpoint_exportable(start, end, mamba_spec.checkpoint_position(prefill_end, h, eagle), h,
+                                             block_size, self.setup.mamba_checkpoint_alignment)
+        last_cacheable = 0 if exported else mamba_spec.checkpoint_position(request.num_tokens, block_size, eagle)
+        return mamba_spec.tail_chunk_end(start, end, request.num_prompt_tokens, h, block_size, eagle, exported,
+                                         last_cacheable)
 
     def _align_tables(self, request_id: str) -> dict[int, tuple[int, ...]]:
         """The reference's Mamba tables of the request, by group."""
@@ -110,14 +136,14 @@ class AlignJudge:
         return False
 
     def _judge_align_outcome(self, before: ReferenceEngine, arguments: tuple, expected: object, actual: object,
-                             growth: dict[int, int], hit: Lookup, deferred: bool) -> None:
+                             growth: dict[int, int], hit: Lookup, deferred: bool, due: dict[int, str]) -> None:
         """Whether the allocation succeeds on both sides, judged by the align-mode rules that decide
         it where they apply (``before``: the reference before the allocation, with ``deferred``
         whether its hit was deferred)."""
         assert self.setup is not None
         check = self.verdicts.check
         if (expected is None) == (actual is None):
-            for rule_id, exercised in (("KV-MAMBA-009", deferred),
+            for rule_id, exercised in (("KV-MAMBA-009", deferred), ("KV-MAMBA-022", bool(due) and not deferred),
                                        ("KV-MAMBA-008", any(n < 0 for n in growth.values())),
                                        ("KV-MAMBA-007", any(n > 0 for n in growth.values()))):
                 if exercised:
@@ -136,6 +162,8 @@ class AlignJudge:
                 if (other.allocate(*arguments) is None) == (actual is None):
                     rule_id = "KV-MAMBA-009"
                     break
+        if rule_id == "KV-HYB-012" and due and not deferred and self._copy_explains(before, arguments, actual):
+            rule_id = "KV-MAMBA-022"
         if rule_id == "KV-HYB-012" and any(n < 0 for n in growth.values()):
             rule_id = "KV-MAMBA-008"
         elif rule_id == "KV-HYB-012" and any(n > 0 for n in growth.values()):
@@ -144,6 +172,7 @@ class AlignJudge:
             f"allocate_slots({arguments[0]}, {arguments[1]} new, hit {arguments[2]}): reference "
             f"{'fails' if expected is None else 'succeeds'}, engine {'fails' if actual is None else 'succeeds'}"
             + (" (the hit's state page was cached in this step)" if deferred else "")
+            + (f" (a copy is due: {due})" if due else "")
             + f"; Mamba entries to add per group (before caps): {growth}"))
 
     def _checkpoint_past_hashes(self, request_id: str) -> bool:
@@ -207,3 +236,136 @@ class AlignJudge:
         # Starting a step forgets which keys were cached in it, and changes nothing observable.
         self._groups_judge(dict.fromkeys(("num_free", "tables", "ref_counts", "free_queue", "cached"),
                                          "KV-MAMBA-009"))
+
+    # -- partial hits (KV-MAMBA-019 .. KV-MAMBA-025) ------------------------------------------
+    def _fine_groups(self) -> dict[int, int]:
+        """The Mamba groups coarser than the hash block in a partial-hit model, with their blocks."""
+        assert self.setup is not None
+        if not self.config.partial_hits:
+            return {}
+        return {g: self.setup.groups[g][1] for g in self.setup.align_groups
+                if self.setup.groups[g][1] > self.setup.hash_block_size}
+
+    def _judge_partial_lookup(self, request_id: str, expected: Lookup, actual: Lookup) -> None:
+        """KV-MAMBA-020: a Mamba hit may end inside a block, on a cached hash boundary; judged before
+        the hit's general rules wherever either answer ends inside a Mamba block. (Partial entries
+        are what a hit aligned to the hash block shows, KV-MAMBA-019, which the cache maps judge.)"""
+        fine = self._fine_groups()
+        if not fine:
+            return
+        check = self.verdicts.check
+        want, got = expected.num_tokens, actual.num_tokens
+        partial = any(n % size for n in (want, got) for size in fine.values())
+        if partial:
+            mamba = {g: (expected.block_ids[g] if g < len(expected.block_ids) else (),
+                         actual.block_ids[g] if g < len(actual.block_ids) else ()) for g in fine}
+            check("KV-MAMBA-020", want == got and all(a == b for a, b in mamba.values()), lambda: (
+                f"partial hit of {request_id}: reference {want} tokens, Mamba entries "
+                f"{ {g: a for g, (a, _) in mamba.items()} }; engine {got} tokens, "
+                f"{ {g: b for g, (_, b) in mamba.items()} }"))
+
+    def _rounding_explains(self, before: ReferenceEngine, arguments: tuple, theirs: dict) -> bool:
+        """KV-MAMBA-019: whether the engine's cache map outside the fine-grained Mamba groups is the
+        reference's had the groups rounded what they cache down to the scheduler block size, as
+        they do with partial hits off."""
+        fine = self._fine_groups()
+        other = copy.deepcopy(before)
+        for g, group in enumerate(other.manager.groups):
+            if g not in fine:
+                group.partial_hits = False
+                group.alignment = self.config.scheduler_block_size
+        if other.allocate(*arguments) is None:
+            return False
+        rounded = {k: v for k, v in (other.observe().cached or {}).items() if k[1] not in fine}
+        return rounded == {k: v for k, v in theirs.items() if k[1] not in fine}
+
+    def _copies_due(self, request_id: str, hit: Lookup) -> dict[int, str]:
+        """Per fine-grained group, the copy the request's next allocation makes: "consumer" for a
+        partial hit (KV-MAMBA-023), "producer" for its pending tail (KV-MAMBA-024)."""
+        due = {}
+        for g, size in self._fine_groups().items():
+            if hit.num_tokens % size and g < len(hit.block_ids) and hit.block_ids[g]:
+                due[g] = "consumer"
+            elif request_id in self.model.manager.groups[g].copy_due:
+                due[g] = "producer"
+        return due
+
+    def _copy_explains(self, before: ReferenceEngine, arguments: tuple, actual: object) -> bool:
+        """KV-MAMBA-022: whether the engine's outcome is the reference's without the copy's page."""
+        other = copy.deepcopy(before)
+        for g in self._fine_groups():
+            other.manager.groups[g].fine = False  # the need without the copy (KV-MAMBA-007 alone)
+        return (other.allocate(*arguments) is None) == (actual is None)
+
+    def _new_copies(self, counts: dict[int, int], request_id: str) -> dict[int, tuple[int, int, int, bool]]:
+        """The copy each fine-grained group queued in the last allocation: (entry, source, copy,
+        whether the request's table took the copy)."""
+        copies = {}
+        for g, before in counts.items():
+            group = self.model.manager.groups[g]
+            for source, page in group.pending_copies[before:]:
+                table = group.req_to_blocks.get(request_id, [])
+                holder = next((i for i, b in enumerate(table) if b is page), None)
+                entry = holder if holder is not None else next(i for i, b in enumerate(table) if b is source)
+                copies[g] = (entry, source.block_id, page.block_id, holder is not None)
+        return copies
+
+    def _judge_copy_tables(self, request_id: str, copies: dict[int, tuple[int, int, int, bool]],
+                           actual_tables: Sequence[Sequence[int]], allocated: Sequence[Sequence[int]]) -> None:
+        """KV-MAMBA-023: a consumer's table holds its private copy at the shared entry, returned first;
+        KV-MAMBA-024: a producer's table keeps its page. Judged before the table's general rules."""
+        check = self.verdicts.check
+        for g, (entry, source, page, consumer) in copies.items():
+            theirs = tuple(actual_tables[g]) if g < len(actual_tables) else ()
+            got = tuple(allocated[g]) if g < len(allocated) else ()
+            at = theirs[entry] if entry < len(theirs) else None
+            if consumer:
+                check("KV-MAMBA-023", at not in (None, NULL_BLOCK_ID, source) and got[:1] == (at,), (
+                    f"{request_id} resumes inside Mamba page {source} (entry {entry} of group {g}): the reference's "
+                    f"table takes a private copy there and returns it first; the engine's entry is {at}, its "
+                    f"allocation returned {list(got)}"))
+            else:
+                check("KV-MAMBA-024", at == source and page not in theirs, (
+                    f"{request_id} still writes its partial tail page {source} (entry {entry} of group {g}): its "
+                    f"table keeps it and the cache entry moves to a copy; the engine's entry is {at}, table "
+                    f"{list(theirs)}"))
+
+    def _align_cached_rule(self, copies: dict[int, tuple[int, int, int, bool]], default: str) -> str:
+        """The rule a difference in the Mamba groups' cache map is charged to: a moved tail key's
+        (KV-MAMBA-024), a partial entry's (KV-MAMBA-021: a key inside a block), else ``default``."""
+        fine = self._fine_groups()
+        if not fine:
+            return default
+        expected = self.model.observe().cached or {}
+        actual = self.call("observe", rule="KV-HLC-001").cached or {}  # type: ignore[attr-defined]
+        differing = {key for key in set(expected) | set(actual)
+                     if key[1] in fine and expected.get(key) != actual.get(key)}
+        if not differing:
+            return default
+        if any(not consumer for _, _, _, consumer in copies.values()):
+            return "KV-MAMBA-024"
+        h = self.setup.hash_block_size  # type: ignore[union-attr]
+        index = {unit: i for chain in self._hash_chains.values() for i, unit in enumerate(chain)}
+        inside = any(key[0] in index and (index[key[0]] + 1) * h % fine[key[1]] for key in differing)
+        return "KV-MAMBA-021" if inside else default
+
+    def _groups_TakeCopies(self, step: steps.TakeCopies) -> None:
+        groups = self.model.manager.groups
+        queued = [(s.block_id, c.block_id, any(c in t for t in group.req_to_blocks.values()))
+                  for group in groups for s, c in group.pending_copies]
+        expected = tuple(self.model.take_copies())
+        actual = tuple(tuple(pair) for pair in self.call("take_copies", rule="KV-MAMBA-025"))  # type: ignore[union-attr]
+        check = self.verdicts.check
+        wrong = next((consumer for (s, c, consumer), pair in zip(queued, actual) if (s, c) != pair),
+                     queued[len(actual)][2] if len(actual) < len(queued) else None)
+        rule_id = "KV-MAMBA-023" if wrong or (wrong is None and any(q[2] for q in queued)) else "KV-MAMBA-024"
+        check(rule_id, actual == expected, lambda: (
+            f"copies taken (source, copy): reference {list(expected)}, engine {list(actual)}"))
+        for consumer, rule in ((True, "KV-MAMBA-023"), (False, "KV-MAMBA-024")):
+            if any(q[2] == consumer for q in queued):
+                check(rule, True)
+        # The pages that held the copies are released: ref counts and the free queue (KV-MAMBA-025).
+        self._groups_judge(dict.fromkeys(("num_free", "tables", "ref_counts", "free_queue", "cached"),
+                                         "KV-MAMBA-025"))
+        if queued:
+            check("KV-MAMBA-025", True)

@@ -13,15 +13,22 @@ share a state cached in the current step, and decode steps whose rejected drafts
 the Mamba table longer than the next step needs, the pool crowded by requests of fresh
 tokens until a look-ahead falls short by no more than that (KV-MAMBA-008). A rule of its
 own prefills prompts that end inside a coarse full-attention block and finishes
-them at once, the case of vLLM's partial tail entries (KV-HLC-006). Features the
-engine does not claim (EAGLE, caching off, look-ahead, delayed caching, eviction,
-reset, align mode) are not generated.
+them at once, the case of vLLM's partial tail entries (KV-HLC-006). Where the engine
+claims ``mamba_partial_hits``, half the align-mode models have a Mamba block of 2 or 4
+hash blocks beside groups of the hash block (vLLM's fine-grained partial hits,
+KV-MAMBA-019 .. KV-MAMBA-025): the scheduler takes the step's copies before each new
+step, and a rule of its own prefills a prompt whose last hash boundary lies inside a
+Mamba block (the partial tail), runs it on (the tail's key moves to a copy), sometimes
+with the pool one page short of that copy, and then resumes a request inside the
+block. Features the engine does not claim (EAGLE, caching off, look-ahead, delayed
+caching, eviction, reset, align mode, partial hits) are not generated.
 """
 
 from __future__ import annotations
 
 import copy
 import math
+from types import SimpleNamespace
 
 from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
@@ -33,7 +40,17 @@ from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec.lifecycle import cdiv
 
 from ..adapter import Capabilities
-from ..steps import AddRequest, AppendTokens, ConfigureGroups, Evict, Free, NewStep, ResetPrefixCache, Schedule
+from ..steps import (
+    AddRequest,
+    AppendTokens,
+    ConfigureGroups,
+    Evict,
+    Free,
+    NewStep,
+    ResetPrefixCache,
+    Schedule,
+    TakeCopies,
+)
 
 TOKENS = st.integers(0, 3)
 MAX_LIVE_REQUESTS = 4
@@ -80,6 +97,18 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
             drafts = [mamba]
         else:
             drafts.insert(draw(st.integers(0, len(drafts)), label="mamba position"), mamba)
+        partial = caps.mamba_partial_hits and draw(st.booleans(), label="partial hits")
+        if partial:
+            # A Mamba block of 2 or 4 hash blocks beside groups of the hash block: vLLM's
+            # fine-grained partial hits (KV-MAMBA-019); a chunked-local group (whose block is the
+            # scheduler block) would turn them off, so it becomes full attention here.
+            mamba[1] = hash_size * draw(st.sampled_from([2, 4]), label="mamba hash blocks")
+            if len(drafts) == 1:
+                drafts.append([hybrid_spec.FULL, hash_size, 0])
+            for draft in drafts:
+                if draft is not mamba:
+                    draft[0] = hybrid_spec.FULL if draft[0] == hybrid_spec.CHUNKED_LOCAL else draft[0]
+                    draft[1] = hash_size
         # Three times in four a prefill checkpoint (KV-MAMBA-006; with drafts, KV-MAMBA-017), mostly
         # one the backend can export.
         if draw(st.integers(0, 3), label="prefill checkpoint"):
@@ -287,6 +316,7 @@ class GroupsRules:
         if not boundaries:
             return
         boundary = data.draw(st.sampled_from(boundaries), label="boundary")
+        self._make_room(data)  # for the producer and a consumer
         # The boundary is the prompt in whole hash blocks with EAGLE, one token less without.
         length = boundary + data.draw(st.integers(0, hash_size - 1), label="past the boundary") + int(
             not setup.use_eagle)
@@ -347,8 +377,116 @@ class GroupsRules:
     def new_step(self) -> None:
         # The scheduler's step boundary: a state cached in a step becomes a hit after it
         # (KV-MAMBA-009). Between two of them any number of requests are scheduled, so a
-        # request can ask for a state another one cached in the same step.
+        # request can ask for a state another one cached in the same step. With partial hits the
+        # scheduler first takes the step's copies (KV-MAMBA-023 .. KV-MAMBA-025).
+        if self.driver.config.partial_hits:
+            self.driver.apply(TakeCopies())
+            if self.driver.dead:
+                return
         self.driver.apply(NewStep())
+
+    def _partial_model(self) -> bool:
+        return self._alive() and self.driver.config.partial_hits
+
+    @precondition(_partial_model)
+    @rule(data=st.data())
+    def share_partial_tail(self, data: st.DataObject) -> None:
+        # KV-MAMBA-021 .. KV-MAMBA-025: a prompt whose last hash boundary lies inside a Mamba block
+        # is prefilled (the scheduler stops a chunk there, keying the partial tail), runs on (its
+        # next step moves the tail's key to a copy), and after a step boundary a request sharing
+        # exactly that boundary resumes inside the block (a private copy).
+        setup = self.driver.setup
+        h = setup.hash_block_size
+        size = max(setup.groups[g][1] for g in setup.align_groups)
+        eagle = setup.use_eagle
+        boundaries = [b for b in range(h, setup.max_model_len - 2 * h, h) if b % size]
+        if not boundaries:
+            return
+        boundary = data.draw(st.sampled_from(boundaries), label="boundary")
+        self._make_room(data)  # for the producer and a consumer
+        length = boundary + (h + data.draw(st.integers(0, h - 1), label="past the boundary") if eagle
+                             else data.draw(st.integers(1, h), label="past the boundary"))
+        warm = [w for w in self._warm() if w]
+        prefix = data.draw(st.sampled_from(warm), label="source")[:length] if warm and data.draw(
+            st.booleans(), label="shares a prefix") else ()
+        prompt = prefix + tuple(data.draw(st.lists(TOKENS, min_size=length - len(prefix),
+                                                   max_size=length - len(prefix)), label="suffix"))
+        self.prompts.append(prompt)
+        producer = self.new_request_id()
+        self.driver.apply(AddRequest(producer, prompt))
+        self.new_step()  # (a hit on a state cached in this step would wait for the next, KV-MAMBA-009)
+        for _ in range(data.draw(st.integers(1, 4), label="chunks")):
+            request = self.driver.model.requests.get(producer)
+            if request is None or self.driver.dead or request.num_computed_tokens >= length:
+                break
+            if self._copy_due(producer) and data.draw(st.booleans(), label="one page short"):
+                self.new_step()
+                self._leave_one_short(producer, length)
+            self.driver.apply(Schedule(producer, length))
+        if self.driver.dead:
+            return
+        self.new_step()
+        self._make_room(data)
+        if self.driver.dead:
+            return
+        shared = prompt[:boundary] + tuple(data.draw(st.lists(TOKENS, min_size=1, max_size=2 * h), label="tail"))
+        self.prompts.append(shared)
+        consumer = self.new_request_id()
+        self.driver.apply(AddRequest(consumer, shared))
+        self.driver.apply(Schedule(consumer, data.draw(st.integers(1, len(shared)), label="num_new_tokens")))
+
+    @precondition(_partial_model)
+    @rule(data=st.data())
+    def share_partial_tail_again(self, data: st.DataObject) -> None:
+        self.share_partial_tail(data)  # twice the weight: partial-hit models are a few of many
+
+    def _make_room(self, data: st.DataObject) -> None:
+        """Live requests finish until one more may arrive."""
+        while not self._can_arrive() and not self.driver.dead:
+            request_id = data.draw(st.sampled_from(self._live()), label="finishes")
+            request = self.driver.model.requests[request_id]
+            if request.num_computed_tokens:
+                self.warm.append(tuple(request.all_token_ids[:request.num_computed_tokens]))
+            self.driver.apply(Free(request_id))
+
+    def _copy_due(self, request_id: str) -> bool:
+        """Whether the request registered a partial tail and its next allocation copies it."""
+        groups = self.driver.model.manager.groups
+        return any(request_id in groups[g].copy_due for g in self.driver.setup.align_groups)
+
+    def _leave_one_short(self, request_id: str, length: int) -> None:
+        """A request of fresh tokens arrives and prefills so that the request's next step to
+        ``length`` tokens finds one free block fewer than it needs with its copy: KV-MAMBA-022's
+        page decides whether it runs."""
+        setup = self.driver.setup
+        model = copy.deepcopy(self.driver.model)
+        manager = model.manager
+        request = model.requests[request_id]
+        computed = min(request.num_computed_tokens, setup.max_model_len)
+        new, _ = self.driver._align_chunk(request_id, 0, length - computed, 0)
+        for group in manager.groups:
+            group.remove_skipped_blocks(request_id, computed)
+        need = manager.num_blocks_to_allocate(request_id, lifecycle_spec.num_slots(
+            computed, 0, new, 0, setup.max_model_len), computed, None, 0, computed + new)
+        spare = manager.pool.num_free_blocks() - need + 1  # the blocks the filler must take
+        if new <= 0 or spare <= 0 or len(self._live()) >= 2 * MAX_LIVE_REQUESTS:
+            return
+        filler_id = self.new_request_id()
+        token = 4 + int(filler_id[1:])  # outside the prompts' alphabet: it hits nothing
+        model.add_request(filler_id, (token,) * (setup.max_model_len - 1))
+        block_size = max(setup.groups[g][1] for g in setup.align_groups)
+
+        def first_chunk(n: int) -> int:  # what the driver's scheduler runs of a fresh n-token prompt
+            end = mamba_spec.aligned_chunk_end(0, n, n, block_size)
+            return self.driver._tail_stop(SimpleNamespace(num_tokens=n, num_prompt_tokens=n), 0, end, n, block_size)
+
+        fits = [n for n in range(1, setup.max_model_len) if model.manager.num_blocks_to_allocate(
+            filler_id, first_chunk(n), 0, None, 0, first_chunk(n)) == spare]
+        if fits:
+            prompt = (token,) * fits[0]
+            self.prompts.append(prompt)
+            self.driver.apply(AddRequest(filler_id, prompt))
+            self.driver.apply(Schedule(filler_id, fits[0]))
 
     def _decoding_align(self) -> list[str]:
         """Live requests of an align-mode model with every token computed and room for two more."""

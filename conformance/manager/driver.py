@@ -17,7 +17,7 @@ from ..adapter import UNKNOWN_HASH
 from ..engines.reference import ReferenceEngine
 from ..harness import picture as draw
 from ..harness.driver import Driver
-from ..steps import CommonPrefix, Configure, ConfigureGroups, EmptyAllocation, NewStep, Probe
+from ..steps import CommonPrefix, Configure, ConfigureGroups, EmptyAllocation, NewStep, Probe, TakeCopies
 from .groups import GroupsJudge
 from .one_group import OneGroupJudge
 
@@ -126,6 +126,11 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
         if not self.several_groups:
             raise ValueError(f"{step!r} is a step of a model of KV-cache groups; this example configured one group")
         self._groups_NewStep(step)
+
+    def _TakeCopies(self, step: TakeCopies) -> None:
+        if not self.several_groups:
+            raise ValueError(f"{step!r} is a step of a model of KV-cache groups; this example configured one group")
+        self._groups_TakeCopies(step)
 
     def _one_only(self, step: object) -> None:
         if self.several_groups:

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import copy
 import math
+from collections import Counter
 from collections.abc import Callable
 
 from kvoracle.spec import block_pool as pool_spec
@@ -73,7 +74,9 @@ class GroupsJudge(AlignJudge):
         assert self.setup is not None
         expected = self.model.observe()
         actual: Observation = self.call("observe", rule="KV-HLC-001")  # type: ignore[assignment]
-        invariants.check_all(self.verdicts, self.config, actual)
+        held = Counter(b.block_id for group in self.model.manager.groups for pair in group.pending_copies
+                       for b in pair)
+        invariants.check_all(self.verdicts, self.config, actual, held)
         check = self.verdicts.check
         check(rules["tables"], dict(actual.block_tables) == dict(expected.block_tables),
               lambda: _diff("block tables", dict(expected.block_tables), dict(actual.block_tables)))
@@ -180,9 +183,12 @@ class GroupsJudge(AlignJudge):
         self._hash_chains: dict[str, tuple[bytes, ...]] = {}
         # A model whose groups share specs is one the engine must merge (KV-HYB-002): refusing
         # it is that rule's failure, accepting it that rule's check.
-        self.call("configure", config, rule="KV-HYB-002" if config.shares_specs else "KV-HLC-001")
+        self.call("configure", config, rule="KV-HYB-002" if config.shares_specs
+                  else "KV-MAMBA-019" if config.partial_hits else "KV-HLC-001")
         if config.shares_specs:
             self.verdicts.check("KV-HYB-002", True)
+        if config.partial_hits:  # the engine takes the model that turns partial hits on
+            self.verdicts.check("KV-MAMBA-019", True)
         self._groups_judge(_rules("KV-POOL-012"))
 
     def _groups_AddRequest(self, step: steps.AddRequest) -> None:
@@ -351,13 +357,18 @@ class GroupsJudge(AlignJudge):
         before_tables = self._align_tables(step.request_id) if align else {}
         growth = self._align_growth(step.request_id, hit, min(computed + hit.num_tokens, self.setup.max_model_len)
                                     + new + drafts) if align else {}
-        before = copy.deepcopy(self.model) if align and hit.num_tokens else self.model
+        due = self._copies_due(step.request_id, hit) if align else {}
+        partial = self.config.partial_hits
+        before = copy.deepcopy(self.model) if align and (hit.num_tokens or due or partial) else self.model
         deferred = bool(align) and waiting and self._deferred_hit(hit)
+        queued = {g: len(self.model.manager.groups[g].pending_copies) for g in due}
         expected = self.model.allocate(*arguments)
         # An engine failing inside the allocation: where the Mamba table is longer than the step
         # needs, the negative need's (KV-MAMBA-008); where the step's checkpoint has no key, that
         # rule's (KV-MAMBA-017).
+        # (An engine failing where a copy is due: the copy's page, KV-MAMBA-022.)
         call_rule = ("KV-MAMBA-008" if any(n < 0 for n in growth.values())
+                     else "KV-MAMBA-022" if due and not deferred
                      else "KV-MAMBA-017" if align and expected is not None and self._checkpoint_past_hashes(
                          step.request_id) else "KV-HLC-001")
         actual = self.call("allocate", *arguments, rule=call_rule)
@@ -365,7 +376,7 @@ class GroupsJudge(AlignJudge):
         if other is not None and (expected is None) == (actual is None):
             self._judge_free_order(other[1], _blocks(actual), _blocks(expected), _blocks(other[0]))
         if align:
-            self._judge_align_outcome(before, arguments, expected, actual, growth, hit, deferred)
+            self._judge_align_outcome(before, arguments, expected, actual, growth, hit, deferred, due)
         check("KV-HYB-012", (expected is None) == (actual is None), lambda: (
             f"allocate_slots({step.request_id}, {new + drafts} new, hit {hit.num_tokens}): "
             f"reference {'fails' if expected is None else 'succeeds'}, engine "
@@ -398,7 +409,9 @@ class GroupsJudge(AlignJudge):
                     check("KV-CROSS-002", not adopted, lambda g=g, adopted=adopted: (
                         f"{step.request_id} holds cross-attention blocks {adopted} in group {g} that its "
                         f"allocation did not give it (new blocks {list(actual[g])})"))
-        if align:  # the Mamba tables and what the allocation returned for them, first
+        copies = self._new_copies(queued, step.request_id) if due else {}
+        if align:  # the Mamba tables and what the allocation returned for them, first (a copy's first of all)
+            self._judge_copy_tables(step.request_id, copies, theirs, actual)
             self._judge_align_tables(step.request_id, before_tables, theirs, actual, expected)
         layouts = [[[b == NULL_BLOCK_ID for b in t] for t in tables_] for tables_ in (mine, theirs)]
         if len(mine) == len(theirs) and not align:
@@ -410,11 +423,23 @@ class GroupsJudge(AlignJudge):
               lambda: _diff(f"null entries in the tables of {step.request_id}", mine, theirs))
         check("KV-POOL-004", _blocks(actual) == _blocks(expected),
               lambda: _diff("newly allocated blocks per group", expected, actual))
-        judged = _rules("KV-HLC-002", tables=tables, ref_counts="KV-POOL-008",
-                        free_queue="KV-MAMBA-010" if retired else "KV-HLC-001", cached=self._caching_rule())
+        # (Pages held for a queued copy have one reference more than their tables, KV-MAMBA-025.)
+        cached = self._caching_rule()
+        if partial:  # a cache map rounded to the scheduler block size is KV-MAMBA-019's
+            theirs_cached = self.call("observe", rule="KV-HLC-001").cached  # type: ignore[attr-defined]
+            if theirs_cached is not None and dict(theirs_cached) != dict(self.model.observe().cached or {}):
+                if self._rounding_explains(before, arguments, dict(theirs_cached)):
+                    cached = "KV-MAMBA-019"
+            else:
+                self.verdicts.check("KV-MAMBA-019", True)
+        judged = _rules("KV-HLC-002", tables=tables, ref_counts="KV-MAMBA-025" if copies else "KV-POOL-008",
+                        free_queue="KV-MAMBA-010" if retired else "KV-HLC-001", cached=cached)
         if align:
-            judged["align_cached"] = "KV-MAMBA-017" if self._checkpoint_past_hashes(step.request_id) else "KV-MAMBA-011"
+            judged["align_cached"] = self._align_cached_rule(copies, "KV-MAMBA-017" if self._checkpoint_past_hashes(
+                step.request_id) else "KV-MAMBA-011")
         after = self._groups_judge(judged, peek=self._eagle_peek_keys(step.request_id))
+        if any(step.request_id in self.model.manager.groups[g].copy_due for g in self._fine_groups()):
+            self.verdicts.check("KV-MAMBA-021", True)  # a partial tail keyed, and the cache maps agree
         for (kind, size, _), table in zip(groups, after.block_tables.get(step.request_id, ())):
             if kind == spec.CROSS_ATTENTION:
                 check("KV-CROSS-001", len(table) == cdiv(encoder, size), lambda table=table, size=size: (
@@ -450,6 +475,7 @@ class GroupsJudge(AlignJudge):
                           lambda g=g, size=size: f"the lookup of {request_id}: full-attention group {g} "
                           f"(block size {size}) has {len(actual.block_ids[g])} hit blocks for a hit of "
                           f"{actual.num_tokens} tokens")
+        self._judge_partial_lookup(request_id, expected, actual)  # KV-MAMBA-019/020 before the general rules
         rule_id = "KV-HYB-014" if len(self.setup.groups) == 1 else "KV-HYB-003"
         if rule_id == "KV-HYB-003" and self.setup.use_eagle:
             # The hit of an EAGLE look-ahead capped at the bound, not the hashed tokens, is
