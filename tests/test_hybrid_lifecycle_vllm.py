@@ -13,7 +13,7 @@ from kvoracle.conformance.harness.expectations import version_in_range
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.runner import RunOptions, RunResult, run_suite
 from kvoracle.conformance.harness.verdicts import GOOD_OUTCOMES
-from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, Schedule
+from kvoracle.conformance.steps import AddRequest, ConfigureGroups, Free, NewStep, Schedule, TakeCopies
 from kvoracle.spec import all_rules
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
@@ -73,3 +73,28 @@ def test_vllm_in_a_paged_store_keeps_every_groups_data() -> None:
     assert not _unexplained(result), _unexplained(result)
     assert data_rules and all(outcomes[rule_id].checks > 0 for rule_id in data_rules)
     assert outcomes["KV-MAMBA-014"].checks > 0 and outcomes["KV-MAMBA-015"].checks > 0  # the state pages
+
+
+def test_partial_hits_producer_and_consumer_match() -> None:
+    """KV-MAMBA-019 .. KV-MAMBA-025 on vLLM 0.33.0: the meta-tests' fixed cases (a producer whose
+    tail moves to a copy, a consumer resuming inside it, and the producer's step one page short),
+    every partial-hit rule exercised and passed. B = 16, h = 4: a 22-token prompt's first chunk
+    stops at its last hash boundary, 20."""
+    prompt = tuple(range(22))
+
+    def model(num_blocks: int) -> ConfigureGroups:
+        return ConfigureGroups((("full", 4, 0), ("mamba", 16, 0)), 4, num_blocks, 64)
+
+    produce = [AddRequest("a", prompt), Schedule("a", 22), TakeCopies(), NewStep(), Schedule("a", 22), TakeCopies()]
+    consume = [model(60), *produce, NewStep(), AddRequest("c", (*prompt[:20], 1, 1, 1)), Schedule("c", 3),
+               TakeCopies()]
+    tight = [model(8), *produce]  # one page short of the producer's second step with its copy
+    rules = [f"KV-MAMBA-0{n}" for n in range(19, 26)]
+    checks = dict.fromkeys(rules, 0)
+    for steps in (consume, tight):
+        verdicts = replay("hybrid-lifecycle", "vllm", steps)
+        assert verdicts is not None
+        for rule_id in rules:
+            assert not verdicts.outcomes[rule_id].failed_checks, rule_id
+            checks[rule_id] += verdicts.outcomes[rule_id].checks
+    assert all(checks.values()), checks

@@ -20,8 +20,11 @@ Features kvoracle does not specify yet are configured off:
 
 * prefix-cache retention interval: ``KVCacheConfig.prefix_cache_retention_interval``
   is left at ``None`` (dense checkpointing);
-* partial-block (fine-grained) hits: ``hash_block_size`` equals the block size and
-  ``scheduler_block_size`` too, so hits land on whole blocks only;
+* fine-grained partial hits are on exactly where vLLM turns them on (an align-mode Mamba
+  group coarser than the hash block, every other group of the hash block, KV-MAMBA-019);
+  the adapter then offers ``take_copies()``, the scheduler's end of a step
+  (``take_kv_cache_block_copies``, the held pages freed at once as without deferred frees),
+  and reports a Mamba group's keys inside its blocks in the cache map (KV-MAMBA-021);
 * MTP lookahead hashes / multi-module MTP: ``num_hash_lookahead_tokens=0`` and
   ``num_prefill_lookahead=0``;
 * admission watermark: ``watermark=0.0``; admission gates
@@ -44,6 +47,7 @@ from types import SimpleNamespace
 from typing import Any
 
 from kvoracle.reference import HybridConfig, groups_config
+from kvoracle.reference.kv_cache_spec import MambaSpec
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.hybrid import scheduler_block_size
 
@@ -140,7 +144,9 @@ class VllmEngine:
                             mamba_free_lag=mamba_free_lag(), kv_cache_groups=True,
                             hash_block_views=True,
                             skipped_tokens=hasattr(v.SingleTypeKVCacheManager, "get_num_skipped_tokens"),
-                            mamba_align=mamba_align())
+                            mamba_align=mamba_align(),
+                            mamba_partial_hits=mamba_align() and hasattr(v.KVCacheManager,
+                                                                          "take_kv_cache_block_copies"))
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: EngineConfig | HybridConfig) -> None:
@@ -255,6 +261,14 @@ class VllmEngine:
         """``new_step_starts``: the scheduler's call at the start of each step (KV-MAMBA-009)."""
         self.manager.new_step_starts()
 
+    def take_copies(self) -> tuple[tuple[int, int], ...]:
+        """``take_kv_cache_block_copies``, and what the scheduler does with the pages it hands back
+        (``Scheduler._free_cow_retained_blocks`` without deferred frees): frees them at once."""
+        copies, retained = self.manager.take_kv_cache_block_copies()
+        if retained:
+            self.manager.block_pool.free_blocks(retained)
+        return tuple((int(c.src_block_id), int(c.dst_block_id)) for c in copies)
+
     def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
         """``get_num_skipped_tokens`` of each group's single-type manager, in group order."""
         return tuple(int(m.get_num_skipped_tokens(num_computed_tokens))
@@ -283,15 +297,17 @@ class VllmEngine:
     def _cache_map(self, pool: Any) -> dict[KeyRef, tuple[int, ...]]:
         """The pool's hash -> blocks map in kvoracle's keys, blocks in caching order.
 
-        Whole-block entries only: a key whose prefix ends inside one of its group's blocks is
-        a partial tail entry (KV-HLC-006), which kvoracle does not specify (their effect on
-        the free queue is specified and compared). With one group, hashed at its block size,
-        there are none.
+        Whole-block entries, and a Mamba group's every entry: elsewhere a key whose prefix ends
+        inside one of its group's blocks is a partial tail entry (KV-HLC-006), which kvoracle
+        does not specify (their effect on the free queue is specified and compared); a Mamba
+        group's entry inside a block is a partial-hit state (KV-MAMBA-021), which it does. With
+        one group, hashed at its block size, there are none.
         """
         assert self.config is not None
         groups = groups_config(self.config)
         utils = self.vllm.utils
         sizes = [s.block_size for s in groups.kv_cache_specs]
+        mamba_groups = {g for g, s in enumerate(groups.kv_cache_specs) if isinstance(s, MambaSpec)}
         h = groups.hash_block_size
         cached: dict[KeyRef, tuple[int, ...]] = {}
         # BlockHashToBlockMap keeps one block, or a dict of blocks in insertion order.
@@ -299,7 +315,8 @@ class VllmEngine:
             engine_hash = bytes(utils.get_block_hash(key))
             kv_hash = self.translation.get(engine_hash, UNKNOWN_HASH + engine_hash)
             group = utils.get_group_id(key)
-            if kv_hash in self.hash_index and (self.hash_index[kv_hash] + 1) * h % sizes[group]:
+            if kv_hash in self.hash_index and (self.hash_index[kv_hash] + 1) * h % sizes[group] \
+                    and group not in mamba_groups:
                 continue  # a partial tail entry
             ids = (blocks.block_id,) if isinstance(blocks, utils.KVCacheBlock) \
                 else tuple(blocks)
