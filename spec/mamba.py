@@ -848,12 +848,13 @@ def _need_args_ok(num_tokens: int, block_size: int, num_speculative_blocks: int,
             and (num_hit_blocks == 0 or num_held == 0))
 
 
-@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated,
-                   checkpoint, num_evictable_hits, num_pool_blocks: _need_args_ok(
-                       num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated, checkpoint,
-                       num_evictable_hits, num_pool_blocks),
-                   "the need's arguments: a step, a table, at most one evictable hit block, and only a request "
-                   "without entries adopts a hit", enabled=ENABLED)
+#: The precondition :func:`align_need` and :func:`copy_need` share.
+_NEED_ARGS = icontract.require(
+    _need_args_ok, "the need's arguments: a step, a table, at most one evictable hit block, and only a request "
+    "without entries adopts a hit", enabled=ENABLED)
+
+
+@_NEED_ARGS
 @icontract.ensure(lambda result: result >= 0, "KV-MAMBA-008: never negative", enabled=ENABLED)
 @icontract.ensure(lambda result, deferred, num_hit_blocks, num_pool_blocks:
                   not (deferred and num_hit_blocks > 0) or result > num_pool_blocks,
@@ -1414,12 +1415,7 @@ def copy_pages(action: int) -> tuple[int, int]:
     return (COPY, SOURCE) if action == PRIVATE_COPY else (SOURCE, COPY)
 
 
-@icontract.require(lambda num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated,
-                   checkpoint, num_evictable_hits, num_pool_blocks: _need_args_ok(
-                       num_tokens, block_size, num_speculative_blocks, num_hit_blocks, num_held, allocated, checkpoint,
-                       num_evictable_hits, num_pool_blocks),
-                   "the need's arguments: a step, a table, at most one evictable hit block, and only a request "
-                   "without entries adopts a hit", enabled=ENABLED)
+@_NEED_ARGS
 @icontract.require(lambda action, num_hit_blocks, allocated: action in (NO_COPY, PRIVATE_COPY, MOVED_ENTRY)
                    and (action != PRIVATE_COPY or (num_hit_blocks > 0 and not allocated))
                    and (action != MOVED_ENTRY or allocated), enabled=ENABLED)

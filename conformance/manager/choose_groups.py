@@ -296,6 +296,17 @@ class GroupsRules:
         return [size for kind, size, _ in setup.groups
                 if kind == hybrid_spec.FULL and size > setup.hash_block_size] if setup else []
 
+    def _prompt_of_length(self, data: st.DataObject, length: int) -> tuple[int, ...]:
+        """A prompt of ``length`` tokens, one time in two starting with a warm prompt's tokens
+        (recorded in ``prompts``)."""
+        warm = [w for w in self._warm() if w]
+        prefix = data.draw(st.sampled_from(warm), label="source")[:length] if warm and data.draw(
+            st.booleans(), label="shares a prefix") else ()
+        prompt = prefix + tuple(data.draw(st.lists(TOKENS, min_size=length - len(prefix),
+                                                   max_size=length - len(prefix)), label="suffix"))
+        self.prompts.append(prompt)
+        return prompt
+
     def _can_leave_partial_tail(self) -> bool:
         # Only with EAGLE: without it several groups cache whole aligned segments, so the
         # boundary's block is cached whole or not reached at all.
@@ -320,12 +331,7 @@ class GroupsRules:
         # The boundary is the prompt in whole hash blocks with EAGLE, one token less without.
         length = boundary + data.draw(st.integers(0, hash_size - 1), label="past the boundary") + int(
             not setup.use_eagle)
-        warm = [w for w in self._warm() if w]
-        prefix = data.draw(st.sampled_from(warm), label="source")[:length] if warm and data.draw(
-            st.booleans(), label="shares a prefix") else ()
-        prompt = prefix + tuple(data.draw(st.lists(TOKENS, min_size=length - len(prefix),
-                                                   max_size=length - len(prefix)), label="suffix"))
-        self.prompts.append(prompt)
+        prompt = self._prompt_of_length(data, length)
         request_id = self.new_request_id()
         self.driver.apply(AddRequest(request_id, prompt))
         self.driver.apply(Schedule(request_id, length))
@@ -406,12 +412,7 @@ class GroupsRules:
         self._make_room(data)  # for the producer and a consumer
         length = boundary + (h + data.draw(st.integers(0, h - 1), label="past the boundary") if eagle
                              else data.draw(st.integers(1, h), label="past the boundary"))
-        warm = [w for w in self._warm() if w]
-        prefix = data.draw(st.sampled_from(warm), label="source")[:length] if warm and data.draw(
-            st.booleans(), label="shares a prefix") else ()
-        prompt = prefix + tuple(data.draw(st.lists(TOKENS, min_size=length - len(prefix),
-                                                   max_size=length - len(prefix)), label="suffix"))
-        self.prompts.append(prompt)
+        prompt = self._prompt_of_length(data, length)
         producer = self.new_request_id()
         self.driver.apply(AddRequest(producer, prompt))
         self.new_step()  # (a hit on a state cached in this step would wait for the next, KV-MAMBA-009)
