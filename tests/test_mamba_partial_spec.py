@@ -123,3 +123,26 @@ def test_the_copy(partial_hit: bool, tail_pending: bool, num_tokens: int, block_
         source, copy = mamba.copy_ref_counts(action, table_refs, released)
         held = 0 if released else 1
         assert (source, copy) == (table_refs + held, (1 if written == COPY else 0) + held)
+
+
+# -- the scheduler's stop at the prompt's last hash boundary (KV-MAMBA-021) ----------------------
+def test_tail_chunk_end_stops_at_the_last_hash_boundary() -> None:
+    # A 22-token prompt, h = 4, B = 16, no EAGLE: its last hash boundary is 20.
+    def end(start=0, stop=22, exported=False, last_cacheable=16, drop_eagle=False):
+        return mamba.tail_chunk_end(start, stop, 22, 4, 16, drop_eagle, exported, last_cacheable)
+
+    assert end() == 20  # the chunk passes 20 strictly inside: it stops there
+    assert end(exported=True) == 22  # the backend exports 20 as the chunk's checkpoint
+    assert end(stop=20) == 20 and end(start=20) == 22  # the chunk only reaches 20, or starts there
+    assert end(last_cacheable=20) == 22  # 20 is a block boundary the scheduler caches at anyway
+    # With EAGLE's drop the boundary is one hash block earlier, 16: a block boundary, so no stop at
+    # it unless the last block boundary the scheduler caches at lies before it.
+    assert end(drop_eagle=True) == 22 and end(drop_eagle=True, last_cacheable=0) == 16
+
+
+@given(st.integers(0, 40), st.integers(0, 40), st.integers(1, 40), st.sampled_from([1, 2, 4]),
+       st.sampled_from([2, 4]), st.booleans(), st.booleans(), st.integers(0, 40))
+def test_tail_chunk_end_is_the_end_or_the_boundary(start, length, prompt, h, scale, drop_eagle, exported,
+                                                   last_cacheable) -> None:
+    end = mamba.tail_chunk_end(start, start + length, prompt, h, h * scale, drop_eagle, exported, last_cacheable)
+    assert end in (start + length, mamba.checkpoint_position(prompt, h, drop_eagle))

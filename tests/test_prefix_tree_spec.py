@@ -278,3 +278,54 @@ def test_state_slots_balance(free, held, requests, ends) -> None:
     assert not spec.state_slots_balance(free, held, requests, capacity, held - protected + 1, protected, protected)
     assert spec.state_slots_balance(free, held, requests, capacity, held - protected, protected,
                                     ends) == (protected == ends)
+
+
+# -- the order of a component's evictions (KV-TREE-028 .. 030) -------------------------------------
+def test_window_refresh_reach_is_one_page_longer_for_segments() -> None:
+    assert spec.window_refresh_reach(5, 2, spec.PAGE_RECENCY) == 5
+    assert spec.window_refresh_reach(5, 2, spec.SEGMENT_RECENCY) == 7
+
+
+@UNTIMED
+@given(st.lists(st.integers(1, 5), max_size=6).map(tuple), st.integers(0, 20))
+def test_segments_reached_is_the_shortest_run_covering_the_reach(lengths, reach) -> None:
+    covering = [k for k in range(len(lengths) + 1) if sum(lengths[:k]) >= reach]
+    assert spec.segments_reached(lengths, reach) == (covering[0] if covering else len(lengths))
+
+
+def test_segments_reached_examples() -> None:
+    assert spec.segments_reached((2, 2, 2), 3) == 2  # the second segment starts inside the reach
+    assert spec.segments_reached((2, 2, 2), 4) == 2  # two segments cover it exactly
+    assert spec.segments_reached((2, 2, 2), 0) == 0
+    assert spec.segments_reached((2, 2), 9) == 2  # a path shorter than the reach: all of it
+
+
+@UNTIMED
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(1, 3), st.booleans()), max_size=6))
+def test_component_lru_order_is_the_candidates_oldest_first(pages) -> None:
+    stamps, depths, candidates = (tuple(column) for column in zip(*pages, strict=True)) if pages else ((), (), ())
+    order = spec.component_lru_order(stamps, depths, candidates)
+    assert sorted(order) == [i for i, c in enumerate(candidates) if c]
+    # Every candidate comes before each one with a later stamp, or an equal stamp and a deeper page.
+    for a, b in itertools.permutations(order, 2):
+        if (stamps[a], depths[a]) < (stamps[b], depths[b]):
+            assert order.index(a) < order.index(b)
+
+
+def test_component_lru_order_example() -> None:
+    # Page 2 is no candidate; pages 0 and 3 share the oldest stamp, page 3 nearer the root.
+    assert spec.component_lru_order((1, 5, 0, 1), (3, 1, 1, 2), (True, True, False, True)) == (3, 0, 1)
+
+
+@UNTIMED
+@given(st.permutations(range(5)), st.integers(0, 5), st.randoms())
+def test_drops_an_order_prefix(order, count, random) -> None:
+    order = tuple(order)
+    prefix = list(order[:count])
+    random.shuffle(prefix)
+    assert spec.drops_an_order_prefix(tuple(prefix), order)  # in any order
+    if 0 < count < len(order):
+        skipped = [*prefix[:-1], order[count]]  # one page past the prefix instead of one in it
+        assert not spec.drops_an_order_prefix(tuple(skipped), order)
+    if count:
+        assert not spec.drops_an_order_prefix((*prefix, prefix[0]), order)  # a page dropped twice

@@ -170,7 +170,7 @@ TESTED = {
     # KV-MAMBA-019 .. 025 (partial hits): tests/test_mamba_partial_spec.py
     "mamba.partial_hits_enabled", "mamba.hit_alignment", "mamba.partial_hit_length", "mamba.shared_entry",
     "mamba.tail_entry", "mamba.checkpoint_keeps_key", "mamba.copy_action", "mamba.copy_pages",
-    "mamba.copy_need", "mamba.copy_ref_counts",
+    "mamba.copy_need", "mamba.copy_ref_counts", "mamba.tail_chunk_end",
     # prefix_tree (chapter 14): property-tested in tests/test_prefix_tree_spec.py
     "prefix_tree.is_aligned_hit", "prefix_tree.longest_held_prefix", "prefix_tree.misread_positions",
     "prefix_tree.foreign_positions", "prefix_tree.is_prefix_closed", "prefix_tree.evicted_enough",
@@ -182,6 +182,8 @@ TESTED = {
     "prefix_tree.state_hit_ok", "prefix_tree.longest_state_hit", "prefix_tree.state_eviction_ok",
     "prefix_tree.state_locked_pages", "prefix_tree.insertion_leaves_state", "prefix_tree.insertion_adopts_state",
     "prefix_tree.state_removals_ok", "prefix_tree.state_slots_balance",
+    "prefix_tree.window_refresh_reach", "prefix_tree.segments_reached", "prefix_tree.component_lru_order",
+    "prefix_tree.drops_an_order_prefix",
 }
 
 
