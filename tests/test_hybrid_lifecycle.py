@@ -193,12 +193,7 @@ def test_one_state_block_per_request() -> None:
     assert [len(t) for t in manager.get_block_ids("a")] == [5, 1]
 
 
-def test_reference_suite_passes() -> None:
-    # 200 examples: at 150, seed 0 drew no caching-off Mamba group that reached KV-HLC-008 once the
-    # partial-hit models joined the draws (one align-mode model in three).
-    result = run_suite("reference", RunOptions(max_examples=200, replay_dir=None), suite="manager")
-    assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
-                       if o.outcome not in ("pass", "not-applicable")]
+# The reference passing the manager suite, every rule exercised: test_conformance.py.
 
 
 # -- broken engines ------------------------------------------------------------------------
