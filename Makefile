@@ -82,7 +82,7 @@ check: $(STAMP)
 ## (make docs), the real vLLM engine (two releases) and SGLang's real caches.
 test: $(STAMP) $(TORCH_STAMP) $(CHROMIUM_STAMP) $(REDIS_STAMP)
 	$(BIN)/ruff check .
-	$(BIN)/pytest -n $(PYTEST_WORKERS)
+	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=40
 	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
 	bash scripts/crosshair_spec.sh
 	$(MAKE) docs
