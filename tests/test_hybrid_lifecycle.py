@@ -10,10 +10,10 @@ import pytest
 from broken_groups import groups_engine
 from hypothesis import given
 from hypothesis import strategies as st
+from searches import rules_found, search
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.suites import capabilities_of, get_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation, Verdicts
 from kvoracle.conformance.manager import ManagerDriver
@@ -310,10 +310,11 @@ EXAMPLES = {"Mamba keeps every state": 300}
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
     groups_class, rule_id, _ = CASES[name]
-    result = run_suite(groups_engine(groups_class), RunOptions(max_examples=EXAMPLES.get(name, 150),
-                                                         max_rounds=ROUNDS.get(name, 1),
-                                                         replay_dir=tmp_path), suite="hybrid-lifecycle")
-    failed = {o.rule_id for o in result.verdicts.outcomes.values() if o.counterexamples or o.errors}
+    # A search given several rounds looks past a first failure the fault also causes (no fail_fast).
+    rounds = ROUNDS.get(name, 1)
+    result = search(groups_engine(groups_class), "hybrid-lifecycle", tmp_path, max_examples=EXAMPLES.get(name, 150),
+                    max_rounds=rounds, fail_fast=rounds == 1)
+    failed = rules_found(result)
     assert rule_id in failed, failed
 
 

@@ -13,10 +13,10 @@ from __future__ import annotations
 import broken_partial_engines as broken
 import pytest
 from broken_groups import groups_engine
+from searches import rules_found, search
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.steps import AddRequest, ConfigureGroups, NewStep, Schedule, TakeCopies
 
@@ -64,6 +64,5 @@ def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
     engine, rule_id, _ = CASES[name]
-    result = run_suite(engine, RunOptions(max_examples=150, replay_dir=tmp_path), suite="hybrid-lifecycle")
-    failed = {o.rule_id for o in result.verdicts.outcomes.values() if o.counterexamples or o.errors}
+    failed = rules_found(search(engine, "hybrid-lifecycle", tmp_path))
     assert rule_id in failed, failed
