@@ -355,6 +355,10 @@ class SingleTypeManager:
             returned = self._copy(request_id, due, taken[0], allocated) + returned
         return returned
 
+    @icontract.ensure(lambda self, request_id, due, copy, allocated: allocated or (
+        self.req_to_blocks[request_id][due[0]] is copy and self.last_state_index.get(request_id) == due[0]),
+        "KV-MAMBA-026: a consumer's copy stands in the entry its first step reads the state from (the hit's "
+        "last entry, recorded as its last state)", enabled=ENABLED)
     def _copy(self, request_id: str, due: tuple[int, KVCacheBlock], copy: KVCacheBlock, allocated: bool
               ) -> list[KVCacheBlock]:
         """Queue the copy of a shared page (KV-MAMBA-023, KV-MAMBA-024), both pages held one reference

@@ -194,6 +194,19 @@ forward; both pages are held one reference more until then, and afterwards
 only the tables hold them -- a producer's copy none: it waits in the free queue,
 cached under the tail key (KV-MAMBA-025). Either way the page a key names is
 never the page a request writes next.
+
+**Where a partial hit's state lives** (KV-MAMBA-026; judged through a paged store,
+where the store's runner makes the copies). The runner makes the copies the
+scheduler hands it with a step before that step's forward pass, all at once: each
+copy page then holds what its source page held before the step. A step reads the
+request's state from the entry the runner recorded at its previous step, or, at
+its first step after ``C`` computed tokens, from entry ``(C - 1) // B``. After a
+partial hit of ``L`` tokens that entry is ``L // B``, the private copy, which
+holds the state after ``L`` by then; the request never reads the shared page the
+hit named. A producer whose tail key moved goes on from its own page, and the copy
+keeps the state after the tail's tokens, which the moved key names, while the step
+overwrites the page (KV-MAMBA-015). A copy made after the forward would leave the
+consumer without its state and give the moved key the producer's next state.
 """
 
 from __future__ import annotations
@@ -403,7 +416,8 @@ KV_MAMBA_014 = rule(
     after T tokens into table entry cdiv(T, B) - 1 and, with a checkpoint at p (KV-MAMBA-006),
     the state after p tokens into entry cdiv(T, B) - 2; it writes no other state page of the
     request. It starts from the state the previous step left in its running page (a request's
-    first step: the hit's state page, entry (C - 1) // B for C computed tokens), so that page
+    first step: the hit's state page, entry (C - 1) // B for C computed tokens; after a partial hit
+    the private copy there, KV-MAMBA-026), so that page
     and the pages it writes are real blocks of the table, never null or past its end. (A table
     longer than the step, and steps with drafts: KV-MAMBA-018.)""",
     source="vllm/v1/worker/mamba_utils.py preprocess_mamba (prev_state_idx, curr_state_idx); "
@@ -614,6 +628,29 @@ KV_MAMBA_025 = rule(
            "_free_cow_retained_blocks",
     chapter=CHAPTER,
     needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
+    judged_by=("manager",),
+)
+KV_MAMBA_026 = rule(
+    "KV-MAMBA-026",
+    "The runner makes a step's copies before its forward; a partial hit resumes from its own copy",
+    """The model runner makes the copies the scheduler hands it with a step (take_kv_cache_block_copies:
+    (source, copy) pages) after zeroing the step's fresh pages and before the step's forward pass, all at
+    once: each copy page then holds what its source page held before the step. A step reads a request's
+    state from the entry the runner recorded at the request's previous step, or, at its first step after C
+    computed tokens, from entry (C - 1) // B (none for C = 0). A request that adopted a partial hit of L
+    tokens (KV-MAMBA-023) therefore starts from the state after L tokens in its own entry L // B, the
+    private copy, not from the shared page the hit named. A producer whose tail key moved to a copy
+    (KV-MAMBA-024) starts from its own page as before, and the copy holds the state after the tail's
+    tokens, which the moved key names (KV-MAMBA-015), while the step overwrites the producer's page.""",
+    source="vllm/v1/worker/gpu_model_runner.py GPUModelRunner._update_states (new_block_ids_to_zero, then "
+           "copy_kv_cache_blocks_inplace) / execute_model (_update_states before preprocess_mamba and the "
+           "forward); vllm/v1/worker/gpu/model_runner.py (the same order); vllm/v1/worker/utils.py "
+           "copy_kv_cache_blocks_inplace (blocks[dst] = blocks[src], every KV-cache tensor); "
+           "vllm/v1/worker/mamba_utils.py preprocess_mamba (prev_state_idx = (num_computed_tokens - 1) // "
+           "block_size for a new or resumed request); vllm/v1/core/sched/output.py "
+           f"SchedulerOutput.kv_cache_block_copies; {SCHED} Scheduler.schedule",
+    chapter=CHAPTER,
+    needs=("kv_data", "kv_cache_groups", "mamba_align", "mamba_partial_hits"),
     judged_by=("manager",),
 )
 
@@ -1460,3 +1497,52 @@ def copy_ref_counts(action: int, source_table_refs: int, released: bool) -> tupl
     if released:
         return (source_table_refs, copy_in_table)
     return (source_table_refs + 1, copy_in_table + 1)
+
+
+# -- the runner's copies (KV-MAMBA-026) ---------------------------------------------------------
+@icontract.require(lambda remembered, num_computed, block_size: remembered >= -1 and num_computed >= 0
+                   and block_size > 0, enabled=ENABLED)
+@icontract.ensure(lambda result, remembered: remembered < 0 or result == remembered,
+                  "a running request: the entry the runner recorded", enabled=ENABLED)
+@icontract.ensure(lambda result, remembered, num_computed: remembered >= 0 or (result == -1) == (num_computed == 0),
+                  "no state to read only before any token is computed", enabled=ENABLED)
+@icontract.ensure(lambda result, remembered, num_computed, block_size: remembered >= 0 or num_computed == 0
+                  or result == running_index(num_computed, block_size), "a first step: the hit's last entry",
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, remembered, num_computed, block_size: remembered >= 0
+                  or shared_entry(num_computed, block_size) == -1 or result == shared_entry(num_computed, block_size),
+                  "after a partial hit: the entry of the shared page, which holds the private copy", enabled=ENABLED)
+@defines(KV_MAMBA_026)
+def start_entry(remembered: int, num_computed: int, block_size: int) -> int:
+    """The table entry a step reads the request's state from: ``remembered``, the running entry the
+    runner recorded at the request's previous step (-1 at its first step since it was added or
+    resumed), else entry ``(C - 1) // B`` for ``num_computed`` = C computed tokens; -1 (the empty
+    state, no page) when nothing is computed."""
+    if remembered >= 0:
+        return remembered
+    return (num_computed - 1) // block_size if num_computed else -1
+
+
+def _copies_ok(num_pages: int, copies: tuple[tuple[int, int], ...]) -> bool:
+    """One step's copies: pages in range, each copy page written once and none of them a source."""
+    pages = [page for pair in copies for page in pair]
+    written = [copy for _, copy in copies]
+    return (all(len(pair) == 2 for pair in copies) and all(0 <= page < num_pages for page in pages)
+            and len(set(written)) == len(written) and not set(written) & {source for source, _ in copies})
+
+
+@icontract.require(lambda states, copies: _copies_ok(len(states), copies), enabled=ENABLED)
+@icontract.ensure(lambda result, states: len(result) == len(states), enabled=ENABLED)
+@icontract.ensure(lambda result, states, copies: all(result[copy] == states[source] for source, copy in copies),
+                  "each copy page holds what its source held before the step", enabled=ENABLED)
+@icontract.ensure(lambda result, states, copies: all(
+    result[page] == states[page] for page in range(len(states)) if page not in {copy for _, copy in copies}),
+    "every other page, the sources included, keeps what it held", enabled=ENABLED)
+@defines(KV_MAMBA_026)
+def states_after_copies(states: tuple[int, ...], copies: tuple[tuple[int, int], ...]) -> tuple[int, ...]:
+    """What the pages hold once the runner has made one step's ``copies`` ((source, copy) page
+    indices into ``states``), before the step's forward reads or writes any of them."""
+    after = list(states)
+    for source, copy in copies:
+        after[copy] = states[source]
+    return tuple(after)

@@ -11,10 +11,12 @@ from __future__ import annotations
 
 import math
 
+import icontract
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kvoracle.spec import get_rule, mamba
+from kvoracle.spec import contracts, get_rule, mamba
 from kvoracle.spec.mamba import COPY, MOVED_ENTRY, NO_COPY, PRIVATE_COPY, SOURCE
 from kvoracle.spec.registry import NOT_YET_JUDGED
 
@@ -146,3 +148,49 @@ def test_tail_chunk_end_is_the_end_or_the_boundary(start, length, prompt, h, sca
                                                    last_cacheable) -> None:
     end = mamba.tail_chunk_end(start, start + length, prompt, h, h * scale, drop_eagle, exported, last_cacheable)
     assert end in (start + length, mamba.checkpoint_position(prompt, h, drop_eagle))
+
+
+# -- where a partial hit's state lives, and the runner's copies (KV-MAMBA-026) -------------------
+def test_kv_mamba_026_is_judged_through_a_paged_store() -> None:
+    rule = get_rule("KV-MAMBA-026")
+    assert rule.chapter == "mamba" and rule.judged_by == ("manager",) and rule.spec_only is None
+    assert {"kv_data", "mamba_partial_hits"} <= set(rule.needs) and rule.definitions
+    assert "KV-MAMBA-026" in get_rule("KV-MAMBA-014").text
+
+
+def test_the_consumer_reads_its_copy() -> None:
+    """C resumes after A's 20-token partial tail (B = 16): its first step reads entry 1, where its
+    table holds the private copy; once running, it reads where the runner recorded its state."""
+    assert mamba.start_entry(-1, 20, 16) == mamba.shared_entry(20, 16) == 1
+    assert mamba.start_entry(-1, 0, 16) == -1 and mamba.start_entry(-1, 32, 16) == 1
+    assert mamba.start_entry(4, 23, 16) == 4
+    # The producer's page 5 holds the state after 20 (say 7); its copy 9 gets it before the step
+    # overwrites page 5, and a consumer's copy 3 of the same page too.
+    assert mamba.states_after_copies((0, 0, 0, 0, 0, 7, 0, 0, 0, 0), ((5, 9), (5, 3))) == \
+        (0, 0, 0, 7, 0, 7, 0, 0, 0, 7)
+
+
+@given(st.integers(-1, 12), st.integers(0, 80), st.integers(1, 16))
+def test_start_entry(remembered: int, num_computed: int, block_size: int) -> None:
+    entry = mamba.start_entry(remembered, num_computed, block_size)
+    assert entry >= -1
+
+
+@given(st.lists(st.integers(0, 5), min_size=1, max_size=12), st.data())
+def test_states_after_copies(states: list[int], data: st.DataObject) -> None:
+    pages = list(range(len(states)))
+    copies = data.draw(st.lists(st.sampled_from(pages), unique=True, max_size=len(states) // 2), label="copies")
+    sources = [page for page in pages if page not in copies]
+    pairs = tuple((data.draw(st.sampled_from(sources), label="source"), copy) for copy in copies)
+    after = mamba.states_after_copies(tuple(states), pairs)
+    # (The contracts say the same; these hold with contracts off too.)
+    assert all(after[copy] == states[source] for source, copy in pairs)
+    assert all(after[page] == states[page] for page in sources)
+
+
+def test_a_chained_copy_is_not_one_step() -> None:
+    """A copy page that is another copy's source needs two steps' copies: the precondition says so."""
+    if not contracts.ENABLED:
+        pytest.skip("contracts switched off with KVORACLE_CONTRACTS=0")
+    with pytest.raises(icontract.ViolationError):
+        mamba.states_after_copies((1, 2, 3), ((0, 1), (1, 2)))

@@ -171,6 +171,7 @@ TESTED = {
     "mamba.partial_hits_enabled", "mamba.hit_alignment", "mamba.partial_hit_length", "mamba.shared_entry",
     "mamba.tail_entry", "mamba.checkpoint_keeps_key", "mamba.copy_action", "mamba.copy_pages",
     "mamba.copy_need", "mamba.copy_ref_counts", "mamba.tail_chunk_end",
+    "mamba.start_entry", "mamba.states_after_copies",  # KV-MAMBA-026, the same file
     # prefix_tree (chapter 14): property-tested in tests/test_prefix_tree_spec.py
     "prefix_tree.is_aligned_hit", "prefix_tree.longest_held_prefix", "prefix_tree.misread_positions",
     "prefix_tree.foreign_positions", "prefix_tree.is_prefix_closed", "prefix_tree.evicted_enough",
