@@ -32,7 +32,9 @@ claims their capability; the rules needing it are "not applicable" to any other:
   copy) block ids in order, with the reference that held both pages of each released (without
   deferred frees). The manager suite generates align-mode Mamba groups coarser than the hash block
   (vLLM's fine-grained partial hits, KV-MAMBA-019 .. KV-MAMBA-025) only for an adapter claiming it,
-  and takes the copies before each ``new_step()``.
+  and takes the copies before each ``new_step()``. In a paged store (``PagedStoreWrapper``) the claim
+  stands only where the adapter also has ``pending_copies()`` -- the queued copies, not taken -- which
+  the store's runner makes before each step's forward (KV-MAMBA-026).
 """
 
 from __future__ import annotations

@@ -75,6 +75,19 @@ class PagedKVStore:
         epochs = torch.where(has_slot, self.epochs[group].view(-1)[slots], NO_SLOT_EPOCH)
         return values, epochs
 
+    def copy_blocks(self, sources: torch.Tensor, copies: torch.Tensor) -> int:
+        """Copy whole blocks ``sources[i]`` into ``copies[i]`` in every group's tensor, all at once
+        (every source is read before any copy is written), as vLLM's runner copies a step's blocks
+        in every KV-cache tensor; return the epoch of the write. Slots whose value changes get it."""
+        self.clock += 1
+        sources, copies = sources.to(self.device), copies.to(self.device)
+        for values, epochs in zip(self.values, self.epochs):
+            taken = values[sources]  # gathered before the scatter: a copy never reads another's result
+            changed = values[copies] != taken
+            values[copies] = taken
+            epochs[copies] = torch.where(changed, self.clock, epochs[copies])
+        return self.clock
+
     def blocks(self, group: int, block_ids: torch.Tensor) -> torch.Tensor:
         """Whole blocks' values, ``[len(block_ids), block_size]``."""
         return self.values[group][block_ids]

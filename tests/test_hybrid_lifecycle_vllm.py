@@ -98,3 +98,18 @@ def test_partial_hits_producer_and_consumer_match() -> None:
             assert not verdicts.outcomes[rule_id].failed_checks, rule_id
             checks[rule_id] += verdicts.outcomes[rule_id].checks
     assert all(checks.values()), checks
+
+
+def test_partial_hits_in_a_paged_store() -> None:
+    """vLLM 0.33.0 in the paged store on the partial-hit cases of tests/test_paged_mamba_partial.py:
+    the store's runner makes the copies vLLM's manager queued (its single-type managers' pending
+    copies) before each step's forward, and the states pass KV-MAMBA-014/015 and KV-MAMBA-026."""
+    pytest.importorskip("torch", reason="the paged store needs torch")
+    import test_paged_mamba_partial as partial
+
+    for steps in (partial.CONSUME, partial.AFTER_A_FREED_PRODUCER):
+        verdicts = replay("hybrid-lifecycle", "paged-vllm", steps)
+        assert verdicts is not None
+        for rule_id in partial.STATE_RULES:
+            outcome = verdicts.outcomes[rule_id]
+            assert outcome.checks > 0 and not outcome.failed_checks, rule_id

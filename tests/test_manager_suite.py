@@ -92,10 +92,9 @@ def test_a_part_run_by_its_alias_judges_its_own_rules_only() -> None:
 @pytest.mark.parametrize("alias", ["lockstep", "hybrid-lifecycle"])
 def test_each_part_reaches_exactly_the_rules_it_declares(alias: str) -> None:
     """The parts' rule lists (ONE_GROUP_ONLY, GROUPS_ONLY) are kept by hand: a part must reach
-    every rule it declares, and no rule it does not (the paged reference claims kv_data; only
-    cascade attention, KV-LIFE-011, the append free order, KV-POOL-016, and the Mamba free lag,
-    KV-HLC-009, are not claimed, nor partial Mamba hits, whose shared pages the store's runner
-    does not copy: tests/test_mamba_partial_suite.py reaches those on the plain reference)."""
+    every rule it declares, and no rule it does not (the paged reference claims kv_data and, its
+    runner copying shared Mamba pages, partial Mamba hits; only cascade attention, KV-LIFE-011, the
+    append free order, KV-POOL-016, and the Mamba free lag, KV-HLC-009, are not claimed)."""
     suite = get_suite(alias)
     wide = attrs.evolve(suite, part_rules=None)  # judge the whole suite's rules with the part's steps
     reached: set[str] = set()
@@ -104,8 +103,7 @@ def test_each_part_reaches_exactly_the_rules_it_declares(alias: str) -> None:
         assert result.ok or all(o.outcome in ("pass", "not-applicable", "unexercised")
                                 for o in result.verdicts.outcomes.values())
         reached |= {rule for rule, outcome in result.verdicts.outcomes.items() if outcome.checks}
-    partial = {rule.id for rule in all_rules() if "mamba_partial_hits" in rule.needs}
-    assert partial and reached == set(suite.scope()) - {"KV-LIFE-011", "KV-POOL-016", "KV-HLC-009"} - partial
+    assert reached == set(suite.scope()) - {"KV-LIFE-011", "KV-POOL-016", "KV-HLC-009"}
 
 
 def test_the_groups_part_needs_an_adapter_claiming_kv_cache_groups() -> None:

@@ -44,6 +44,7 @@ from kvoracle.spec.hybrid import MAMBA, scheduler_block_size
 
 KV_MAMBA_014 = mamba_spec.KV_MAMBA_014
 KV_MAMBA_015 = mamba_spec.KV_MAMBA_015
+KV_MAMBA_026 = mamba_spec.KV_MAMBA_026
 
 #: What a page holds whose state kvoracle does not model (a request out of the model). Every
 #: real state is odd (``slot_value`` sets the low bit) and an unwritten slot is 0, so it
@@ -62,7 +63,8 @@ class AlignGroup:
     #: Whether the group has prefill checkpoint pages, and the backend's export granularity.
     has_checkpoint_blocks: bool
     checkpoint_alignment: int
-    #: The hit alignment A: the block size with one group, the scheduler block size with several.
+    #: The hit alignment A: the block size with one group, the scheduler block size with several (the
+    #: hash block with partial hits on).
     alignment: int
     drop_eagle: bool
     hash_block_size: int
@@ -82,7 +84,9 @@ def align_groups_of(config: object) -> tuple[AlignGroup, ...]:
     if not specs or not getattr(config, "enable_caching", False):
         return ()
     several = len(specs) > 1
-    alignment = scheduler_block_size(tuple(s.block_size for s in specs))
+    # The backend exports checkpoints at the alignment of hits (vLLM's cache_hit_alignment_tokens):
+    # the scheduler block size, or the hash block with partial hits on (KV-MAMBA-019).
+    alignment = getattr(config, "hit_alignment", 0) or scheduler_block_size(tuple(s.block_size for s in specs))
     return tuple(
         AlignGroup(g, s.block_size, s.num_prefill_checkpoint_blocks > 0, s.prefill_checkpoint_alignment or 0,
                    alignment if several else s.block_size, bool(config.use_eagle),  # type: ignore[attr-defined]
@@ -130,7 +134,7 @@ class MambaStatePages:
     # -- the runner ----------------------------------------------------------------------
     def _source(self, runner: RunnerState, group: AlignGroup, start: int) -> int:
         """The entry a step starting after ``start`` tokens reads its state from (-1: none yet)."""
-        return runner.state_index.get(group.group_id, (start - 1) // group.block_size if start else -1)
+        return mamba_spec.start_entry(runner.state_index.get(group.group_id, -1), start, group.block_size)
 
     def _running_entry(self, group: AlignGroup, table: torch.Tensor, query_end: int) -> int:
         """The entry holding the request's state after the step: KV-MAMBA-018's running entry
@@ -162,8 +166,11 @@ class MambaStatePages:
         query_end = start + scheduled
         judged = not runner.unknown
         checks: list[Check] = []
+        #: KV-MAMBA-026's verdicts: the first step of a request resuming inside a block (a partial hit).
+        resumed: list[Check] = []
         for group in self.groups:
             table = tables[group.group_id]
+            first = group.group_id not in runner.state_index
             source = self._source(runner, group, start)
             if source < 0:
                 state: int | None = data_spec.prefix_seed(salt)
@@ -175,6 +182,10 @@ class MambaStatePages:
                         f"entry {source}, which is {'null' if source < table.numel() else 'past the end'} in "
                         f"its table {table.tolist()}")))
                     runner.unknown = True
+                elif first and mamba_spec.shared_entry(start, group.block_size) >= 0 and not runner.unknown \
+                        and state != UNKNOWN_STATE:
+                    resumed.append(self._check_resumed(request_id, group, table, source, state, tokens, salt, start))
+                    runner.unknown = not resumed[-1][1]  # a wrong state: what the step writes is not modelled
             if state == UNKNOWN_STATE:
                 runner.unknown = True  # a hit on a page kvoracle does not model
             if runner.unknown and group.group_id not in runner.forgotten:
@@ -236,7 +247,19 @@ class MambaStatePages:
                 self._write(group, table, index, states[count])
         if judged and not runner.unknown and not checks:
             checks.append((KV_MAMBA_014, True, ""))
-        return checks
+        return checks + resumed
+
+    def _check_resumed(self, request_id: str, group: AlignGroup, table: torch.Tensor, source: int, found: int,
+                       tokens: Sequence[int], salt: str | None, start: int) -> Check:
+        """KV-MAMBA-026: the first step of a request that resumes inside a block -- after a partial hit,
+        whose shared page the request holds a private copy of -- reads the state after its ``start``
+        computed tokens from that copy, which the runner made before the step."""
+        values = data_spec.extend_prefix_values((), tokens[:start], salt)
+        ok = found == values[-1]
+        return (KV_MAMBA_026, ok, "" if ok else (
+            f"{request_id} resumes inside a block after {start} tokens: its first step reads entry {source} "
+            f"(block {int(table[source])}) of group {group.group_id}, which {_holds(found, values, start)} "
+            f"(the copy of the shared page is made before the step's forward)"))
 
     def _missing_page(self, group: AlignGroup, table: torch.Tensor, running: int, committed: int, query_end: int,
                       checkpoint: int) -> tuple[int, int] | None:
@@ -261,7 +284,7 @@ class MambaStatePages:
             if group.group_id >= len(hit_blocks) or not hit_blocks[group.group_id]:
                 continue
             blocks = hit_blocks[group.group_id]
-            index = hit_tokens // group.block_size - 1
+            index = mamba_spec.running_index(hit_tokens, group.block_size)  # the last entry (a partial hit's too)
             table = torch.tensor(list(blocks), dtype=torch.int64, device=self.device)
             found = self._read(group, table, index)
             if found == UNKNOWN_STATE:

@@ -12,7 +12,10 @@ invariant. Each group is judged on the positions it still relies on (spec
 ``first_relied_position``, KV-DATA-006): a sliding-window or chunked-local group
 owes nothing before its window; cross-attention groups and Mamba groups without prefix
 caching are not written. An align-mode Mamba group gets a state per page, written as vLLM's
-model runner writes it and judged by KV-MAMBA-014/015 (:mod:`.paged_mamba`).
+model runner writes it and judged by KV-MAMBA-014/015 (:mod:`.paged_mamba`). With vLLM's
+fine-grained partial hits the runner also makes the copies of shared state pages the allocations
+queued (the inner adapter's ``pending_copies()``), before the step's forward, and a request
+resuming inside a block is judged on the state its private copy gives it (KV-MAMBA-026).
 
 :class:`PagedReferenceEngine` and :class:`PagedVllmEngine` wrap the reference and
 vLLM for the manager suite (``--engine paged-reference`` or ``paged-vllm``), over one
@@ -171,14 +174,22 @@ class PagedStoreWrapper:
         self.mamba: MambaStatePages | None = None
         #: (cache key, Mamba group) -> (the prefix length it names, the state after that prefix).
         self.key_states: dict[KeyRef, tuple[int, int]] = {}
+        #: Whether the model has vLLM's fine-grained partial Mamba hits, whose copies the runner makes
+        #: (where the inner adapter shows them).
+        self.partial_hits = False
+        #: How many of the copies queued since the scheduler last took them the runner has made.
+        self.copies_made = 0
 
     # -- forwarded -----------------------------------------------------------------------
     def version(self) -> str:
         return self.inner.version()
 
     def capabilities(self) -> Capabilities:
-        # (The store's runner makes no copies of shared Mamba pages: no partial-hit models here.)
-        return attrs.evolve(self.inner.capabilities(), kv_data=True, mamba_partial_hits=False)
+        inner = self.inner.capabilities()
+        # The runner copies shared Mamba pages before a step's forward (KV-MAMBA-026), which it can
+        # only where the inner adapter shows the copies its allocations queued (``pending_copies``).
+        partial = inner.mamba_partial_hits and hasattr(self.inner, "pending_copies")
+        return attrs.evolve(inner, kv_data=True, mamba_partial_hits=partial)
 
     def configure(self, config: EngineConfig) -> None:
         self.inner.configure(config)
@@ -191,6 +202,8 @@ class PagedStoreWrapper:
         align = align_groups_of(config)
         self.mamba = self.mamba_pages_class(self.store, align) if align else None
         self.key_states = {}
+        self.partial_hits = bool(getattr(config, "partial_hits", False)) and hasattr(self.inner, "pending_copies")
+        self.copies_made = 0
 
     def add_request(self, request_id: str, prompt: Sequence[int],
                     cache_salt: str | None = None) -> None:
@@ -217,7 +230,9 @@ class PagedStoreWrapper:
         request.hashes = hashing.extend_block_hashes(
             request.hashes, tuple(request.tokens), hash_size, request.salt)
         for group in self.mamba.groups if self.mamba is not None else ():
-            for index in range(known, len(request.hashes)):  # the page is the hash block (KV-MAMBA-003)
+            # Every hash boundary: a page's positional key (the page is the hash block, KV-MAMBA-003)
+            # or, with partial hits, a key inside a Mamba block (KV-MAMBA-021).
+            for index in range(known, len(request.hashes)):
                 tokens = (index + 1) * hash_size
                 self.key_states.setdefault((request.hashes[index], group.group_id),
                                            (tokens, request.values[tokens - 1]))
@@ -273,6 +288,8 @@ class PagedStoreWrapper:
         scheduled = max(num_tokens, request.scheduled)
         stop = min(start + scheduled, len(request.tokens))
         request.scheduled = 0
+        if self.partial_hits:  # before the step reads or writes a page (KV-MAMBA-026)
+            self._copy_pages()
         if self.mamba is not None and num_tokens > 0:
             request.step_check = tuple(self.mamba.step(
                 request_id, self._write_tables(request_id), request.tokens, request.salt, start,
@@ -317,6 +334,38 @@ class PagedStoreWrapper:
     def new_step(self) -> None:
         """Passed through; called only where the inner adapter claims ``mamba_align``."""
         self.inner.new_step()  # type: ignore[attr-defined]
+
+    def take_copies(self) -> tuple[tuple[int, int], ...]:
+        """Passed through; called only where :meth:`capabilities` claims ``mamba_partial_hits``. The
+        copies were made when the steps of the allocations that queued them ran (:meth:`advance`);
+        any not made yet are made now, with the step the scheduler hands them to."""
+        copies = tuple(tuple(pair) for pair in self.inner.take_copies())  # type: ignore[attr-defined]
+        self._make_copies(copies[self.copies_made:])  # type: ignore[arg-type]
+        self.copies_made = 0
+        return copies  # type: ignore[return-value]
+
+    # -- the runner's copies (KV-MAMBA-026) --------------------------------------------------
+    def _copy_pages(self) -> None:
+        """Make the copies queued since the last ones made. vLLM's runner makes a step's copies after
+        the scheduler has allocated for every request of the step and before the forward; here each
+        request's step runs right after its own allocation, so the copies its allocation queued are
+        made right before its own forward. No other request's step writes those pages in between: a
+        consumer's source is a cached page no request writes (KV-MAMBA-023), a producer's source its
+        own page, which only its own step writes (KV-MAMBA-024)."""
+        queued = tuple(self.inner.pending_copies())  # type: ignore[attr-defined]
+        self._make_copies(queued[self.copies_made:])
+        self.copies_made = len(queued)
+
+    def _make_copies(self, copies: Sequence[tuple[int, int]]) -> None:
+        """Copy each (source, copy) page in every group's tensor, all at once (spec
+        ``states_after_copies``; vLLM's ``copy_kv_cache_blocks_inplace``). A seam for the meta-tests'
+        broken runners."""
+        if not copies:
+            return
+        assert self.store is not None
+        sources = torch.tensor([source for source, _ in copies], dtype=torch.int64, device=self.device)
+        targets = torch.tensor([copy for _, copy in copies], dtype=torch.int64, device=self.device)
+        self.store.copy_blocks(sources, targets)
 
     def observe(self) -> Observation:
         observation = self.inner.observe()

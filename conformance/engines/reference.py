@@ -126,6 +126,14 @@ class ReferenceEngine:
         assert self.manager is not None
         return tuple(self.manager.take_kv_cache_block_copies())
 
+    def pending_copies(self) -> tuple[tuple[int, int], ...]:
+        """The copies queued and not taken yet, as (source, copy) block ids in order, without taking
+        them: what a paged store's runner copies before the step's forward (KV-MAMBA-026). Not an
+        operation of the protocol; the store asks it only of partial-hit models."""
+        assert self.manager is not None
+        return tuple((source.block_id, copy.block_id) for group in self.manager.groups
+                     for source, copy in group.pending_copies)
+
     def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
         """Each group's skipped tokens after ``num_computed_tokens`` (KV-SWA-006, KV-CHUNK-002)."""
         assert self.manager is not None

@@ -269,6 +269,15 @@ class VllmEngine:
             self.manager.block_pool.free_blocks(retained)
         return tuple((int(c.src_block_id), int(c.dst_block_id)) for c in copies)
 
+    def pending_copies(self) -> tuple[tuple[int, int], ...]:
+        """The copies the allocations queued and the scheduler has not taken yet, without taking
+        them (each single-type manager's ``_pending_cow_copies``, in the order
+        ``take_kv_cache_block_copies`` drains them): what a paged store's runner copies before the
+        step's forward (KV-MAMBA-026). Not an operation of the protocol."""
+        return tuple((int(source.block_id), int(copy.block_id))
+                     for manager in self.manager.coordinator.single_type_managers
+                     for source, copy in getattr(manager, "_pending_cow_copies", ()))
+
     def skipped_tokens(self, num_computed_tokens: int) -> tuple[int, ...]:
         """``get_num_skipped_tokens`` of each group's single-type manager, in group order."""
         return tuple(int(m.get_num_skipped_tokens(num_computed_tokens))
