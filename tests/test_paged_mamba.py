@@ -16,12 +16,12 @@ from pathlib import Path
 
 import attrs
 import pytest
+from searches import rules_found, search
 
 from kvoracle.conformance.adapter import Capabilities
 from kvoracle.conformance.engines.paged_mamba import UNKNOWN_STATE, AlignGroup, MambaStatePages, RunnerState
 from kvoracle.conformance.engines.paged_store import PagedReferenceEngine
 from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.runner import RunOptions, run_suite
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.steps import AddRequest, AppendTokens, ConfigureGroups, Free, NewStep, Schedule
 from kvoracle.gpu import torch
@@ -203,9 +203,7 @@ def test_broken_runners_are_found_by_the_suite(pages: type[MambaStatePages], rul
     # seed 0 (300: convicted in 107 s, 150: not found); a positional runner's misplaced states show in
     # the cached pages too. Either way only the store's runner rules are charged, the case's among them.
     examples = 300 if pages.__name__ == "NoCopyInLongerTable" else 150
-    result = run_suite(_engine(pages), RunOptions(max_examples=examples, max_rounds=1, replay_dir=tmp_path),
-                       suite="hybrid-lifecycle")
-    failed = {r for r, o in result.verdicts.outcomes.items() if o.outcome in ("fail", "error")}
+    failed = rules_found(search(_engine(pages), "hybrid-lifecycle", tmp_path, max_examples=examples, max_rounds=1))
     assert rule_id in failed and failed <= {"KV-MAMBA-014", "KV-MAMBA-015"}, failed
     assert list(tmp_path.glob("*.py")), "no replay file was written"
 
