@@ -406,6 +406,38 @@ def _previous_ignoring_locks(lru: Any, node: Any, check_id: bool = True) -> Any:
     return None if previous is lru.head else previous
 
 
+def _previous_from_the_mru_end(lru: Any, node: Any, check_id: bool = True) -> Any:
+    """A component LRU list's walk towards older nodes, read the other way round: from the tail (where
+    an eviction starts) it goes to the most recently used node, and from a node on towards the tail,
+    skipping locked nodes as the real walk does."""
+    ct, pointer = lru.component_type, lru._pt
+    found = lru.head.lru_next[pointer] if node is lru.tail else node.lru_next[pointer]
+    while found is not lru.tail and found.component_data[ct].lock_ref > 0:
+        found = found.lru_next[pointer]
+    return None if found is lru.tail else found
+
+
+def _refresh_as_every_component(component: Any, phase: Any, node: Any, root_node: Any) -> None:
+    """The LRU refresh a component inherits (``TreeComponent.refresh_lru``) in place of its own: an
+    insertion's walk refreshes every node it passes that holds the component's value, and a match every
+    such node of its path, not only what the component's own refresh reaches."""
+    from sglang.srt.mem_cache.unified_cache.components.base import TreeComponent
+
+    TreeComponent.refresh_lru(component, phase, node, root_node)
+
+
+def _refresh_one_page_short(component: Any, phase: Any, node: Any, root_node: Any) -> None:
+    """The SWA component's own refresh, run with the window one page smaller: it reaches
+    ``sliding_window_size`` tokens of nodes back from a match's or insertion's end, not
+    ``sliding_window_size + page_size``."""
+    page = component.tree_core.page_size
+    component.sliding_window_size -= page
+    try:
+        _base(component).refresh_lru(phase, node, root_node)
+    finally:
+        component.sliding_window_size += page
+
+
 class _PatchedSWA(SGLangUnifiedSWA):
     """SGLang's UnifiedRadixCache FULL+SWA with :attr:`methods` of the cache, :attr:`swa_methods` of
     its SWA component (given to the cache through ``component_registry_override``) and
@@ -487,6 +519,30 @@ class SWAEvictLeaksWindowSlots(_PatchedSWA):
     swa_methods = (("evict_component", _evict_component_keeping_window_slots),)
 
 
+class SWARefreshWholePath(_PatchedSWA):
+    """The SWA component refreshes its LRU list as every component does by default: a match or an
+    insertion keeps the window KV of its whole path fresh, not only that of its last window."""
+
+    name = "sglang-swa-refresh-whole-path"
+    swa_methods = (("refresh_lru", _refresh_as_every_component),)
+
+
+class SWARefreshOnePageShort(_PatchedSWA):
+    """The SWA component's refresh reaches the window's tokens back, one page short of
+    ``sliding_window_size + page_size``."""
+
+    name = "sglang-swa-refresh-one-page-short"
+    swa_methods = (("refresh_lru", _refresh_one_page_short),)
+
+
+class SWAEvictsFreshestWindow(_PatchedSWA):
+    """The SWA LRU list is walked from its most recently used end: window eviction tombstones the
+    freshest window KV first."""
+
+    name = "sglang-swa-evicts-freshest-window"
+    lru_methods = (("get_prev_no_lock", _previous_from_the_mru_end),)
+
+
 #: Each broken FULL+SWA cache and the window rule it must be convicted of.
 BROKEN_SWA = {
     SWAWindowBlindMatch: "KV-TREE-016",
@@ -496,6 +552,9 @@ BROKEN_SWA = {
     SWAInsertKeepsTombstones: "KV-TREE-020",
     SWARecoveryIgnoresLocks: "KV-TREE-020",
     SWAEvictLeaksWindowSlots: "KV-TREE-021",
+    SWARefreshWholePath: "KV-TREE-029",
+    SWARefreshOnePageShort: "KV-TREE-029",
+    SWAEvictsFreshestWindow: "KV-TREE-029",
 }
 
 
@@ -600,6 +659,34 @@ class MambaCleanupLeaks(_PatchedMamba):
     mamba_methods = (("cleanup_after_caching_req", _cleanup_keeping_duplicates),)
 
 
+def _refresh_nothing(component: Any, phase: Any, node: Any, root_node: Any) -> None:
+    """A MAMBA refresh that moves no node: a match leaves the state it resumes from where it was."""
+
+
+class MambaRefreshWholePath(_PatchedMamba):
+    """The MAMBA component refreshes its LRU list as every component does by default: a match or an
+    insertion keeps every state on its path fresh, not only the one its request resumes from."""
+
+    name = "sglang-mamba-refresh-whole-path"
+    mamba_methods = (("refresh_lru", _refresh_as_every_component),)
+
+
+class MambaMatchRefreshesNothing(_PatchedMamba):
+    """The MAMBA component's refresh does nothing: a match leaves the state it resumes from as old as
+    it was (insertions still move their state to the fresh end)."""
+
+    name = "sglang-mamba-match-refreshes-nothing"
+    mamba_methods = (("refresh_lru", _refresh_nothing),)
+
+
+class MambaEvictsFreshestState(_PatchedMamba):
+    """The MAMBA LRU list is walked from its most recently used end: state eviction drops the freshest
+    state first."""
+
+    name = "sglang-mamba-evicts-freshest-state"
+    lru_methods = (("get_prev_no_lock", _previous_from_the_mru_end),)
+
+
 #: Each broken FULL+MAMBA cache and the state rule it must be convicted of.
 BROKEN_MAMBA = {
     MambaStateBlindMatch: "KV-TREE-022",
@@ -608,4 +695,7 @@ BROKEN_MAMBA = {
     MambaEvictionIgnoresLocks: "KV-TREE-025",
     MambaInsertDropsState: "KV-TREE-026",
     MambaCleanupLeaks: "KV-TREE-027",
+    MambaRefreshWholePath: "KV-TREE-030",
+    MambaMatchRefreshesNothing: "KV-TREE-030",
+    MambaEvictsFreshestState: "KV-TREE-030",
 }

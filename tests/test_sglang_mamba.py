@@ -1,10 +1,11 @@
 """SGLang 0.5.23's UnifiedRadixCache with its FULL and MAMBA components in the prefix-tree suite, state
 component included (run by ``make test-sglang`` in .venv-sglang; skipped where SGLang is not installed).
 
-The real cache passes every rule it is judged on, the state rules KV-TREE-022 .. 027 with checks, over
-the Python and the Rust tree core; broken caches made by patching one method of SGLang's real cache, of
-its MAMBA component or of the component's LRU list are each convicted of the state rule they break, by
-a bounded run whose counterexample fails again on replay and on a written case the real cache passes.
+The real cache passes every rule it is judged on, the state rules KV-TREE-022 .. 027 and the order of
+state eviction (KV-TREE-030) with checks, over the Python and the Rust tree core; broken caches made by
+patching one method of SGLang's real cache, of its MAMBA component or of the component's LRU list are
+each convicted of the state rule they break, by a bounded run whose counterexample fails again on replay
+and on a written case the real cache passes.
 """
 
 from __future__ import annotations
@@ -23,8 +24,11 @@ from broken_sglang_engines import (
     MambaCleanupLeaks,
     MambaEvictionIgnoresLocks,
     MambaEvictMisreports,
+    MambaEvictsFreshestState,
     MambaInsertDropsState,
     MambaMatchGivesUp,
+    MambaMatchRefreshesNothing,
+    MambaRefreshWholePath,
     MambaStateBlindMatch,
 )
 from tree_meta import assert_convicted, outcomes, run
@@ -42,6 +46,11 @@ def _setup(page_size: int = 1) -> TreeSetup:
     return TreeSetup(page_size, 8, (PROMPT,), states=5)
 
 
+#: Two prompts that share nothing, on pages of one token with room for eight and five state slots (the
+#: order cases).
+ORDER_SETUP = TreeSetup(1, 8, (PROMPT, (5, 6)), states=5)
+
+
 #: A written case per broken cache: the real cache replays it clean, the broken one fails it on its rule.
 CASES = {
     # The prompt is one node with a state at its end; a lookup of [1, 2] splits it: no state there.
@@ -56,10 +65,24 @@ CASES = {
     MambaInsertDropsState: [_setup(), Serve(1, 0)],
     # The second insertion of the prompt finds its state held (mamba_exist): the given one is freed.
     MambaCleanupLeaks: [_setup(), Serve(1, 0), Serve(2, 0)],
+    # The second prompt's state is stored after the first's, so the first's is the older; eviction must
+    # drop it (walked from the fresh end, the list gives up the second's).
+    MambaEvictsFreshestState: [ORDER_SETUP, Serve(1, 0), Serve(2, 1), EvictStates(1)],
+    # The lookup of the first prompt refreshes the state it resumes from, so the second prompt's is then
+    # the oldest; a match that refreshes nothing leaves the first's older.
+    MambaMatchRefreshesNothing: [ORDER_SETUP, Serve(1, 0), Serve(2, 1), Peek(3, 0), EvictStates(1)],
+    # States after [1, 2], [1, 2, 3, 4] and [5, 6]; the lookup of the whole first prompt refreshes the state
+    # after [1, 2, 3, 4] only, so the one after [1, 2] stays the oldest. Refreshing the whole path, it
+    # keeps that one fresh too and eviction drops the second prompt's.
+    MambaRefreshWholePath: [ORDER_SETUP, Serve(1, 0, 0, 2), Serve(2, 0), Serve(3, 1), Peek(4, 0), EvictStates(1)],
 }
 
 
-@pytest.mark.parametrize("engine", [SGLangUnifiedMamba, SGLangUnifiedMambaRust], ids=["python", "rust"])
+#: The real cache over either tree core.
+REAL = [SGLangUnifiedMamba, SGLangUnifiedMambaRust]
+
+
+@pytest.mark.parametrize("engine", REAL, ids=["python", "rust"])
 def test_the_real_mamba_cache_passes_every_rule_it_is_judged_on(engine):
     result = run(engine, max_examples=200, max_rounds=1)
     found = outcomes(result)
@@ -75,9 +98,10 @@ def test_every_broken_mamba_cache_has_a_written_case():
     assert set(CASES) == set(BROKEN_MAMBA)
 
 
+@pytest.mark.parametrize("engine", REAL, ids=[e.name for e in REAL])
 @pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])
-def test_the_written_case_replays_clean_on_the_real_cache(broken):
-    replay("prefix-tree", SGLangUnifiedMamba, CASES[broken])
+def test_the_written_case_replays_clean_on_the_real_cache(broken, engine):
+    replay("prefix-tree", engine, CASES[broken])
 
 
 @pytest.mark.parametrize("broken", list(CASES), ids=[b.name for b in CASES])

@@ -2,10 +2,11 @@
 window component included (run by ``make test-sglang`` in .venv-sglang; skipped where SGLang is not
 installed).
 
-The real cache passes every rule it is judged on, the window rules KV-TREE-016 .. 021 with checks;
-broken caches made by patching one method of SGLang's real cache, of its SWA component or of the
-component's LRU list are each convicted of the window rule they break, by a bounded run whose
-counterexample fails again on replay and on a written case that the real cache passes.
+The real cache passes every rule it is judged on, the window rules KV-TREE-016 .. 021 and the order
+of window eviction (KV-TREE-029) with checks; broken caches made by patching one method of SGLang's
+real cache, of its SWA component or of the component's LRU list are each convicted of the window rule
+they break on a written case that the real cache passes, and by a bounded run whose counterexample
+fails again on replay.
 """
 
 from __future__ import annotations
@@ -24,9 +25,12 @@ from broken_sglang_engines import (
     SWAEvictionIgnoresLocks,
     SWAEvictLeaksWindowSlots,
     SWAEvictMisreports,
+    SWAEvictsFreshestWindow,
     SWAInsertKeepsTombstones,
     SWAMatchGivesUp,
     SWARecoveryIgnoresLocks,
+    SWARefreshOnePageShort,
+    SWARefreshWholePath,
     SWAWindowBlindMatch,
 )
 from tree_meta import assert_convicted, outcomes, run
@@ -42,6 +46,11 @@ PROMPT = (1, 2, 3, 4)
 def _setup(window: int) -> TreeSetup:
     """Pages of one token, room for eight, one prompt of four tokens, a window of ``window``."""
     return TreeSetup(1, 8, (PROMPT,), window)
+
+
+#: Two prompts that share nothing, on pages of one token with room for eight and a window of one token
+#: (the order cases: SGLang stores the first as nodes [1, 2, 3] and [4], the second as [5] and [6]).
+ORDER_SETUP = TreeSetup(1, 8, (PROMPT, (5, 6)), window=1)
 
 
 #: A written case per broken cache: the real cache replays it clean, the broken one fails it on its
@@ -63,6 +72,17 @@ CASES = {
     SWARecoveryIgnoresLocks: [_setup(1), Serve(1, 0), Arrive(2, 0), EvictWindow(2), Serve(3, 0, 0, 2)],
     # One node's window KV goes; its window slots must be free afterwards.
     SWAEvictLeaksWindowSlots: [_setup(1), Serve(1, 0), EvictWindow(1)],
+    # The second prompt is stored after the first, so the first's window KV is the older; eviction must
+    # take it (walked from the fresh end, the list gives up the second prompt's).
+    SWAEvictsFreshestWindow: [ORDER_SETUP, Serve(1, 0), Serve(2, 1), EvictWindow(1)],
+    # The lookup of the whole first prompt refreshes W + P = 2 tokens of nodes back: [4] and [1, 2, 3]; the
+    # second prompt's window KV is then the oldest. Reaching W = 1 token, it refreshes [4] alone, and
+    # eviction tombstones [1, 2, 3].
+    SWARefreshOnePageShort: [ORDER_SETUP, Serve(1, 0), Serve(2, 1), Peek(3, 0), EvictWindow(1)],
+    # A lookup of [1, 2] splits [1, 2, 3]; after the second prompt, a lookup of the whole first one
+    # refreshes [4] and [3] (two tokens), not [1, 2], whose window KV is then the oldest. Refreshing the
+    # whole path, it keeps [1, 2] fresh and eviction takes the second prompt's.
+    SWARefreshWholePath: [ORDER_SETUP, Serve(1, 0), Peek(2, 0, 0, 2), Serve(3, 1), Peek(4, 0), EvictWindow(1)],
 }
 
 
@@ -110,9 +130,28 @@ def test_broken_swa_cache_fails_its_written_case_on_its_rule(broken):
     assert caught.value.rule_id == BROKEN_SWA[broken]
 
 
-@pytest.mark.parametrize(("broken", "rule_id"), list(BROKEN_SWA.items()), ids=[b.name for b in BROKEN_SWA])
+#: The broken window orders and the examples a seed-0 run needs to convict them: an order fault shows
+#: only where the right lookups come before a small eviction, so more than the other faults' 100 (two
+#: rounds). The whole-path refresh parts from SGLang's only on a path of three or more window-holding
+#: nodes whose first is the oldest window KV at an eviction; a 300-example run meets no such eviction.
+ORDER_EXAMPLES = {SWARefreshOnePageShort: 300, SWARefreshWholePath: 1000}
+BOUNDED = {broken: rule_id for broken, rule_id in BROKEN_SWA.items() if broken not in ORDER_EXAMPLES}
+
+
+@pytest.mark.parametrize(("broken", "rule_id"), list(BOUNDED.items()), ids=[b.name for b in BOUNDED])
 def test_broken_swa_cache_is_convicted_of_its_rule(broken, rule_id):
     assert_convicted(broken, rule_id)
+
+
+@pytest.mark.parametrize("broken", list(ORDER_EXAMPLES), ids=[b.name for b in ORDER_EXAMPLES])
+def test_broken_window_order_is_convicted_of_its_rule(broken):
+    rule_id = BROKEN_SWA[broken]
+    result = run(broken, max_examples=ORDER_EXAMPLES[broken], max_rounds=1)
+    outcome = result.verdicts.outcomes[rule_id]
+    assert outcome.outcome == "fail", (outcome.outcome, outcomes(result))
+    with pytest.raises(RuleViolation) as caught:
+        replay("prefix-tree", broken, outcome.counterexamples[0].steps)
+    assert caught.value.rule_id == rule_id
 
 
 @pytest.mark.parametrize("engine", REAL, ids=[e.name for e in REAL])
