@@ -1,7 +1,8 @@
 """Meta-tests of the order of component evictions (chapter 14, KV-TREE-028 .. 030) without SGLang:
 broken trees built on the reference, each ordering one component's evictions wrongly, are convicted of
 the order rule they break on a written case the reference passes and by a bounded suite run; a
-reference with segment recency passes every rule it is judged on."""
+reference with segment recency passes every rule it is judged on; a tree with a state component and no
+recency (tree_recency "none") is judged on every state rule but the order, which is not applicable."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 from broken_tree_engines import BROKEN_ORDER, SegmentReference, StateOrderByPath, WindowOrderByPath, WindowReachShort
 from tree_meta import outcomes, run
 
+from kvoracle.conformance.harness.capabilities import Capabilities
 from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation
 from kvoracle.conformance.prefix_tree import (
@@ -107,3 +109,36 @@ def test_a_lookup_stamps_only_the_state_it_resumes_from():
     assert [len(key[1]) for key, page in tree.pages.items() if page.state_stamp == tree.clock] == [3]
     assert tree.evict_states(1, set())[0] == [(0, (1, 2))]
 
+
+class StatesInNoOrder(StateOrderByPath):
+    """A tree with a state component that promises no eviction order (tree_recency "none"): its states go
+    in the order of the pages' full-attention recency, which KV-TREE-030 would charge."""
+
+    name = "states-in-no-order"
+
+    def capabilities(self):
+        return Capabilities(tree_recency="none")
+
+
+#: The rules a tree without recency is never judged on: the order of its evictions, of whole pages
+#: (KV-TREE-008/009), of window KV (028/029) and of states (030).
+ORDER_RULES = ("KV-TREE-008", "KV-TREE-009", "KV-TREE-028", "KV-TREE-029", "KV-TREE-030")
+
+
+def test_a_state_component_without_recency_is_judged_on_its_state_rules_but_not_their_order():
+    result = run(StatesInNoOrder, max_examples=30, max_rounds=1)
+    found = outcomes(result)
+    assert result.ok, found
+    for rule_id in ORDER_RULES:
+        outcome = result.verdicts.outcomes[rule_id]
+        assert (outcome.outcome, outcome.not_applicable, outcome.checks) == (
+            "not-applicable", "engine declares tree_recency='none'", 0), rule_id
+    judged = [rule_id for rule_id in MAMBA_RULES if rule_id not in ORDER_RULES]
+    assert {found[rule_id] for rule_id in judged} == {"pass"}, found
+    unchecked = [rule_id for rule_id in judged if not result.verdicts.outcomes[rule_id].checks]
+    assert not unchecked, unchecked
+
+
+def test_the_order_of_a_state_component_without_recency_is_not_charged():
+    # state-order-by-path's written case, which convicts it of KV-TREE-030 under page recency.
+    replay("prefix-tree", StatesInNoOrder, CASES[StateOrderByPath][1])
