@@ -1520,7 +1520,7 @@ def start_entry(remembered: int, num_computed: int, block_size: int) -> int:
     state, no page) when nothing is computed."""
     if remembered >= 0:
         return remembered
-    return (num_computed - 1) // block_size if num_computed else -1
+    return running_index(num_computed, block_size) if num_computed else -1
 
 
 def _copies_ok(num_pages: int, copies: tuple[tuple[int, int], ...]) -> bool:
