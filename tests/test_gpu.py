@@ -361,7 +361,8 @@ def test_a_hit_reads_back_the_prefix_and_wrong_data_is_named(factory) -> None:
     assert not _failures(engine)
     # A write into a block b holds (here: the store itself is tampered with) is an overwrite.
     store = engine.store
-    store.write(0, torch.tensor([1]), torch.tensor([0]), torch.tensor([12345]))
+    on = {"device": store.device}  # the store's device: CUDA where there is one
+    store.write(0, torch.tensor([1], **on), torch.tensor([0], **on), torch.tensor([12345], **on))
     assert [c[0] for c in _failures(engine)] == ["KV-DATA-003", "KV-DATA-003", "KV-DATA-004"]
     # A lookup reading a block with another prefix's data is a bad hit.
     engine.add_request("c", (1, 2, 3, 4, 7))
@@ -372,7 +373,8 @@ def test_a_hit_reads_back_the_prefix_and_wrong_data_is_named(factory) -> None:
 def test_the_null_block_is_watched() -> None:
     engine = GpuEngine()
     engine.configure(ManagerConfig(num_blocks=4, block_size=2, max_model_len=8))
-    engine.store.write(0, torch.tensor([0]), torch.tensor([1]), torch.tensor([5]))
+    on = {"device": engine.store.device}
+    engine.store.write(0, torch.tensor([0], **on), torch.tensor([1], **on), torch.tensor([5], **on))
     assert [c[0] for c in _failures(engine)] == ["KV-DATA-005"]
 
 

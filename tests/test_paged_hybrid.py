@@ -92,7 +92,7 @@ def test_a_windowed_group_is_judged_on_its_window_only() -> None:
     checks = engine.observe().data_checks
     assert engine.observe().block_tables["r0"][1] == (0, 0, 0, 5, 3)
     values = engine.tracked["r0"].values
-    group_1_block_3 = engine.store.blocks(1, torch.tensor([3]))[0].tolist()
+    group_1_block_3 = engine.store.blocks(1, torch.tensor([3], device=engine.store.device))[0].tolist()
     assert group_1_block_3 == [values[8], values[3]]  # position 8 over r0's own position 2
     assert not [c for c in checks if not c[1]]
     assert {"KV-DATA-003", "KV-DATA-006"} <= {rule for rule, ok, _ in checks if ok}
@@ -132,7 +132,7 @@ def test_relied_positions_must_lie_in_real_blocks(table: tuple[int, ...], first:
                                                   ok: bool) -> None:
     store = PagedReferenceEngine()
     store.groups = (_Group("sliding_window", 2, 3),)
-    rule_id, passed, message = store._null_in_reach(0, torch.tensor(table), first, stop)
+    rule_id, passed, message = store._null_in_reach(0, torch.tensor(table, device=store.device), first, stop)
     assert rule_id == "KV-DATA-006" and passed == ok
     assert ok or "group 0" in message
 
