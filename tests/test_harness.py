@@ -22,6 +22,7 @@ import pytest
 
 from kvoracle.conformance.harness import calls
 from kvoracle.conformance.harness.calls import EngineCaller, EngineError
+from kvoracle.conformance.harness.runner import RunObserver
 
 TESTS = Path(__file__).parent
 KVORACLE = [sys.executable, "-m", "kvoracle"]
@@ -110,11 +111,14 @@ def test_engine_time_excludes_waiting_for_a_cpu() -> None:
         deadline = time.monotonic() + 3
         while time.monotonic() < deadline:
             caller(_Engine(), "fine")
+        # Read while the worker lives: once closed its thread ends, and a thread that is gone has
+        # no schedstat to read (waited() is then 0.0; CI at 8a7cf7d read it after close()).
+        after = worker.waited()
     finally:
         for burner in burners:
             burner.kill()
         caller.close()
-    assert worker.waited() > before
+    assert after > before
 
 
 # -- misbehaving engines through the command ------------------------------------------------------
@@ -615,3 +619,127 @@ def test_loading_an_engine_has_a_limit_of_its_own(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(calls, "LOAD_TIMEOUT", 0.4)
     with pytest.raises(calls.EngineError, match=r"within 0\.4 s"):
         calls.EngineCaller(0.2, clock="wall").construct(slow, loading=True)
+
+
+# -- kvoracle's contracts while Hypothesis shrinks -------------------------------------------------
+def test_suspended_contracts_are_off_in_this_thread_only_and_on_again_after() -> None:
+    import icontract
+
+    from kvoracle.spec import contracts
+
+    if not contracts.can_suspend():
+        pytest.skip("this icontract has no in-progress guard to suspend the checks with")
+
+    @icontract.require(lambda amount: amount >= 0)
+    def spend(amount: int) -> int:
+        return amount
+
+    @icontract.invariant(lambda self: self.left >= 0)
+    class Purse:
+        def __init__(self) -> None:
+            self.left = 1
+
+        def take(self, amount: int) -> None:
+            self.left -= amount
+
+    purse = Purse()
+    in_a_thread: list[BaseException | None] = []
+
+    def elsewhere() -> None:
+        try:
+            spend(-1)
+            in_a_thread.append(None)
+        except icontract.ViolationError as error:
+            in_a_thread.append(error)
+
+    with contracts.suspended():
+        assert contracts.is_suspended()
+        assert spend(-1) == -1  # the precondition is not evaluated
+        purse.take(5)  # nor the invariant, after the call
+        thread = threading.Thread(target=elsewhere)
+        thread.start()
+        thread.join()
+    assert isinstance(in_a_thread[0], icontract.ViolationError)  # another thread kept its checks
+    assert not contracts.is_suspended()
+    with pytest.raises(icontract.ViolationError):
+        spend(-1)
+    with pytest.raises(icontract.ViolationError):
+        purse.take(1)
+
+
+class _SeesFailures(RunObserver):
+    """Whether a failure has been seen yet, and the test calls since (the shrink's, then the
+    replay of the counterexample Hypothesis reports)."""
+
+    def __init__(self) -> None:
+        self.seen = False
+        self.calls_after = 0
+
+    def failure_seen(self, suite: str, rule_id: str) -> None:
+        self.seen = True
+
+    def example_started(self, suite: str, in_round: int, in_all: int) -> None:
+        self.calls_after += self.seen
+
+
+def _reference_with_a_condition(monkeypatch: pytest.MonkeyPatch, condition) -> None:
+    """The manager driver's reference with one more precondition, on ``observe`` (every step
+    observes it): ``condition()`` decides whether it holds."""
+    import icontract
+
+    from kvoracle.conformance.manager import driver
+
+    class Checked(driver.ReferenceEngine):
+        @icontract.require(lambda self: condition())
+        def observe(self):
+            return super().observe()
+
+    monkeypatch.setattr(driver, "ReferenceEngine", Checked)
+
+
+def test_the_reference_is_not_checked_while_shrinking_but_on_the_reported_counterexample(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Shrinking replays hundreds of variants of a failure already seen, and the reference's
+    contracts cost a good part of each: they are off then, on again for the replay Hypothesis
+    makes of the shrunk counterexample before it is reported (and while it draws examples)."""
+    import broken_engines
+
+    from kvoracle.conformance.harness import RunOptions, run_suite
+    from kvoracle.conformance.harness.shrinking import can_shrink_without_contracts
+
+    if not can_shrink_without_contracts():
+        pytest.skip("contracts off (KVORACLE_CONTRACTS=0), or this Hypothesis or icontract cannot suspend them")
+    watch = _SeesFailures()
+    checked_in: list[int] = []  # the test call of each evaluation once a failure was seen
+    _reference_with_a_condition(monkeypatch, lambda: not watch.seen or checked_in.append(watch.calls_after) or True)
+    result = run_suite(broken_engines.ForwardFree, RunOptions(max_examples=150, max_rounds=1, replay_dir=None,
+                                                              seed=0, fail_fast=True), suite="lockstep",
+                       observer=watch)
+    failed = [o for o in result.verdicts.outcomes.values() if o.outcome == "fail"]
+    assert [o.rule_id for o in failed] == ["KV-POOL-007"] and not result.internal_errors
+    assert watch.calls_after > 10, "too short a shrink to test"
+    # Checked on the last call, the counterexample's replay, and on none of the shrink's before it.
+    assert checked_in and set(checked_in) == {watch.calls_after}
+
+
+def test_a_shrunk_counterexample_that_breaks_the_references_contract_is_kvoracles_bug(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Were the reference wrong on some example the shrink reached with its contracts off, that
+    example is never charged to the engine: its last replay, contracts on, breaks the contract
+    (an INTERNAL ERROR), and the engine is charged only on what was drawn with them on."""
+    import broken_engines
+
+    from kvoracle.conformance.harness import RunOptions, run_suite
+
+    watch = _SeesFailures()
+    # The reference "breaks its contract" on every example after the first failure: on the shrink's
+    # variants (unchecked, or checked as before this change) and on their last replay.
+    _reference_with_a_condition(monkeypatch, lambda: not watch.seen)
+    result = run_suite(broken_engines.ForwardFree, RunOptions(max_examples=150, max_rounds=1, replay_dir=None,
+                                                              seed=0, fail_fast=True), suite="lockstep",
+                       observer=watch)
+    assert any("ViolationError" in error for error in result.internal_errors), result.internal_errors
+    outcome = result.verdicts.outcomes["KV-POOL-007"]
+    # The failure drawn (contracts on, holding) stands, unshrunk; nothing from the shrink counts.
+    assert [example.shrunk for example in outcome.counterexamples] == [False]
+    assert outcome.failed_checks == 1
