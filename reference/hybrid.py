@@ -194,6 +194,27 @@ def _hit_blocks_are_cached(coordinator: HybridCoordinator, block_hashes: Sequenc
     return True
 
 
+def _fine_hits_are_partial_hits(coordinator: HybridCoordinator, block_hashes: Sequence[bytes], bound: int,
+                                result: tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]) -> bool:
+    """KV-MAMBA-020: a fine-grained Mamba group looked up alone (no EAGLE margin, KV-MAMBA-002) hits
+    the last cached hash boundary within the bound, in cdiv(L, B) entries whose last, the shared
+    entry of a partial hit, is the only page."""
+    for group in coordinator.spec_groups:
+        if not coordinator._fine(group):
+            continue
+        size = group.kv_cache_spec.block_size
+        hit = mamba_spec.partial_hit_length(coordinator._cached_flags(block_hashes, group), bound, size,
+                                            coordinator.config.hash_block_size)
+        for group_id in group.group_ids:
+            blocks = result[0][group_id]
+            if result[1][group_id] != hit or len(blocks) != cdiv(hit, size) \
+                    or any(not block.is_null for block in blocks[:-1]):
+                return False
+            if hit and (blocks[-1].is_null or mamba_spec.shared_entry(hit, size) not in (-1, len(blocks) - 1)):
+                return False
+    return True
+
+
 def _full_groups_trimmed(coordinator: HybridCoordinator,
                          result: tuple[tuple[list[KVCacheBlock], ...], int, int]) -> bool:
     """KV-HYB-006 / KV-HYB-013: every full-attention group holds exactly the final hit."""
@@ -279,16 +300,22 @@ class HybridCoordinator:
 
     @icontract.require(lambda max_cache_hit_length: max_cache_hit_length >= 0, enabled=ENABLED)
     @icontract.ensure(lambda self, result: all(
-        len(blocks) * self.config.kv_cache_specs[g].block_size == result[1][g]
+        len(blocks) == cdiv(result[1][g], self.config.kv_cache_specs[g].block_size)
+        and (self.fine_grained(g) or result[1][g] % self.config.kv_cache_specs[g].block_size == 0)
         for g, blocks in enumerate(result[0])),
-        "KV-HYB-011: each group's hit entries cover its own hit length", enabled=ENABLED)
+        "KV-HYB-011/KV-MAMBA-020: each group's hit entries cover its own hit length (a fine-grained Mamba "
+        "group's last page holds a hit that ends inside it)", enabled=ENABLED)
+    @icontract.ensure(lambda self, block_hashes, max_cache_hit_length, result: _fine_hits_are_partial_hits(
+        self, block_hashes, max_cache_hit_length, result), "KV-MAMBA-020: a fine-grained group's own hit is the "
+        "last cached hash boundary within the bound", enabled=ENABLED)
     @icontract.ensure(lambda self, block_hashes, result: _hit_blocks_are_cached(self, block_hashes, result),
                       "KV-FULL-002/KV-HYB-013: non-null hit entries are the cached blocks", enabled=ENABLED)
     def find_longest_cache_hit_per_group(self, block_hashes: Sequence[bytes], max_cache_hit_length: int
                                          ) -> tuple[tuple[list[KVCacheBlock], ...], tuple[int, ...]]:
-        """Each spec group looked up alone (KV-HYB-011): ``(hit blocks, hit length)`` per group."""
+        """Each spec group looked up alone (KV-HYB-011): ``(hit blocks, hit length)`` per group,
+        aligned as the hybrid lookup is (KV-MAMBA-019: to the hash block with partial hits on)."""
         flat, cached, num_hashed = self._lookup_inputs(block_hashes)
-        alignment = self.config.scheduler_block_size
+        alignment = self.config.hit_alignment
         hits = spec.per_group_hits(flat, cached, max_cache_hit_length, num_hashed, alignment)
         entries = []
         for (kind, size, _, eagle), hit in zip(flat, hits):
@@ -347,6 +374,24 @@ class HybridCoordinator:
         return cdiv(hit, size) if kind == spec.FULL else lengths[index] // size
 
     # -- filling the cache -------------------------------------------------------------
+    @icontract.require(lambda self, group_id: self.fine_grained(group_id),
+                       "KV-MAMBA-020: partial entries exist only in a fine-grained Mamba group", enabled=ENABLED)
+    @icontract.require(lambda self, block_hashes, num_tokens: 0 < num_tokens <= len(block_hashes)
+                       * self.config.hash_block_size and num_tokens % self.config.hash_block_size == 0,
+                       "a hash boundary of the prompt", enabled=ENABLED)
+    @icontract.require(lambda self, group_id, num_tokens: mamba_spec.shared_entry(
+        num_tokens, self.config.kv_cache_specs[group_id].block_size) >= 0,
+        "KV-MAMBA-021: a partial entry ends inside a Mamba block", enabled=ENABLED)
+    def seed_partial_entry(self, block_hashes: Sequence[bytes], group_id: int, num_tokens: int) -> int:
+        """Leave a partial entry in ``group_id``: a page keyed at the prefix of ``num_tokens``
+        tokens, which ends inside a Mamba block, then released (KV-MAMBA-021's tail of a producer
+        that finished, or KV-MAMBA-024's copy once the copy has run, KV-MAMBA-025). Returns the
+        page's block id."""
+        page = self.pool.get_new_blocks(1)[0]
+        self.pool.cache_block(page, (block_hashes[num_tokens // self.config.hash_block_size - 1], group_id))
+        self.pool.free_blocks([page])
+        return page.block_id
+
     def seed_cache(self, block_hashes: Sequence[bytes], group_id: int, mask: Sequence[bool]) -> list[int]:
         """Cache block ``j`` of the prompt in ``group_id`` for each ``mask[j]``, then release them.
 
