@@ -64,6 +64,21 @@ hit, and charged to the loop's rules above; so is a lookup that reads a key in o
 of a spec group only, where no group's entries show it (a loop over one member's cached
 blocks is one of many that could give a wrong hit: a small hit says too little to tell).
 
+Models with vLLM's fine-grained partial hits (KV-MAMBA-019: an align-mode Mamba group of 2 or 4
+hash blocks, every other group at the hash block) are generated where the engine claims
+``mamba_partial_hits``; seeding then also leaves partial entries, pages keyed at a hash boundary
+inside a Mamba block (``seed_partial_entry``, KV-MAMBA-021's tail). Such a model's hits are
+aligned to the hash block, and its Mamba group is looked up as the reference's lookup does it,
+per hash unit (:func:`kvoracle.spec.mamba.partial_hit_length`); its entries are pages,
+cdiv(L, B) of them for a hit of L tokens. On top of the checks above:
+
+* a Mamba group's entries that no such lookup gives are KV-MAMBA-020 (not KV-MAMBA-001);
+* a wrong hit, uncached count or per-group answer that is exactly that of a lookup whose Mamba
+  groups read only their pages' positional keys is KV-MAMBA-020; one that is exactly that of a
+  lookup with partial hits off (aligned to the scheduler block size) and not the former is
+  KV-MAMBA-019 -- the alignment shows apart from the Mamba keys where a group other than Mamba
+  answers on its own, in the per-group lookup and the uncached count.
+
 The spec's loop is also compared with :func:`~kvoracle.spec.hybrid.declarative_hit`:
 where they differ the named divergence (KV-SWA-010, KV-HYB-009, or KV-SWA-003 for
 window 1) is what the engine was checked against, and is counted as exercised.
@@ -92,6 +107,7 @@ from kvoracle.reference.kv_cache_spec import (
     SlidingWindowSpec,
 )
 from kvoracle.spec import hybrid as spec
+from kvoracle.spec import mamba as mamba_spec
 from kvoracle.spec import sliding_window
 from kvoracle.spec.hashing import extend_block_hashes
 from kvoracle.spec.lifecycle import cdiv
@@ -155,6 +171,12 @@ class OptionalHybridLookup(Protocol):
         """``per_group_lookup``: each spec group looked up alone (KV-HYB-011), the bound as
         for :meth:`HybridLookupAdapter.lookup`. Asked only of models with several KV-cache groups."""
 
+    def seed_partial_entry(self, prompt_tokens: Sequence[int], group_id: int, num_tokens: int) -> None:
+        """``mamba_partial_hits``: take one free page in ``group_id``, a Mamba group coarser than
+        the hash block in a model with partial hits on, key it at the prefix of ``num_tokens``
+        tokens -- a hash boundary inside a Mamba block: a partial entry (KV-MAMBA-021) -- and
+        free it (the tail a finished producer leaves, or a moved key's copy once made)."""
+
 
 class ReferenceHybridLookup:
     """kvoracle's reference hybrid coordinator behind :class:`HybridLookupAdapter`."""
@@ -173,7 +195,10 @@ class ReferenceHybridLookup:
         return __version__
 
     def capabilities(self) -> Capabilities:
-        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True, free_order=self.free_order)
+        # Its models are HybridConfigs of several groups, Mamba groups in align mode (caching is on),
+        # coarser ones with vLLM's partial hits (KV-MAMBA-019).
+        return Capabilities(uncached_prefix_tokens=True, per_group_lookup=True, free_order=self.free_order,
+                            kv_cache_groups=True, mamba_align=True, mamba_partial_hits=True)
 
     def configure(self, config: HybridConfig) -> None:
         self.coordinator = self.coordinator_class(config)
@@ -202,6 +227,10 @@ class ReferenceHybridLookup:
         bound = len(prompt_tokens) - 1 if max_cache_hit_length is None else max_cache_hit_length
         blocks, hits = self.coordinator.find_longest_cache_hit_per_group(self.hashes(prompt_tokens), bound)
         return PerGroupLookup(tuple(tuple(b.block_id for b in group) for group in blocks), tuple(hits))
+
+    def seed_partial_entry(self, prompt_tokens: Sequence[int], group_id: int, num_tokens: int) -> None:
+        assert self.coordinator is not None
+        self.coordinator.seed_partial_entry(self.hashes(prompt_tokens), group_id, num_tokens)
 
 
 # -- steps ---------------------------------------------------------------------------------
@@ -241,6 +270,17 @@ class LookUp:
     max_cache_hit_length: int | None = None
 
 
+@attrs.frozen
+class SeedTail:
+    """A partial entry in a fine-grained Mamba group: a page keyed at the prefix of ``num_tokens``
+    tokens of the prompt, inside a Mamba block (``seed_partial_entry``), then freed."""
+
+    primary_rule = "KV-MAMBA-020"
+    prompt: int
+    group: int
+    num_tokens: int
+
+
 def _kv_spec(group: GroupDesc) -> KVCacheSpec:
     kind, size, param = group
     if kind == spec.SLIDING_WINDOW:
@@ -258,13 +298,16 @@ def _lcm(sizes: Sequence[int]) -> int:
 
 
 @st.composite
-def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
+def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
     """Valid hybrid configurations (HybridConfig's rules) and prompts that share prefixes.
 
     Biased towards the states where a coordinator's bugs show: hash block size 1 half the
     time, two or three groups, often every group at the hash block size (the alignment is
     then one block, so the loop can stop on any block and a Mamba group can answer one
-    block past the candidate, KV-MAMBA-002), and prompts of several aligned blocks.
+    block past the candidate, KV-MAMBA-002), and prompts of several aligned blocks. With
+    ``partial_hits`` (an engine claiming ``mamba_partial_hits``), two models in three of several
+    groups that have a Mamba group and no chunked local one turn vLLM's fine-grained partial hits on
+    (KV-MAMBA-019); a model that cannot turn them on draws exactly what it drew without them.
     """
     hash_size = draw(st.sampled_from([1, 1, 2, 4]), label="hash_block_size")
     eagle = draw(st.booleans(), label="use_eagle")
@@ -328,6 +371,17 @@ def hybrid_setups(draw: st.DrawFn) -> HybridSetup:
     if not eagle and spare and all(d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(
             st.integers(0, 2), label="chunked_group") == 0:
         spare[-1][0] = spec.CHUNKED_LOCAL  # its null blocks before the chunk start (KV-CHUNK-001)
+    mambas = [d for d in drafts if d[0] == spec.MAMBA]
+    if partial_hits and mambas and len(drafts) > 1 and all(d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(
+            st.integers(0, 2), label="partial hits") > 0:
+        # A Mamba block of 2 or 4 hash blocks turns partial hits on where every other group can
+        # follow (KV-MAMBA-019); kvoracle specifies them with every other group at the hash block
+        # (KV-MAMBA-003), which a chunked local group, at the scheduler block (KV-CHUNK-003), is not.
+        for draft in drafts:
+            draft[1] = hash_size
+        mambas[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="Mamba block in hash blocks")
+        for draft in mambas[1:]:
+            draft[1] = hash_size * draw(st.sampled_from([1, 2, 4]), label="Mamba block in hash blocks")
     # Chunked local attention must use the scheduler block size (KV-CHUNK-003).
     others = [size for kind, size, _ in drafts if kind != spec.CHUNKED_LOCAL]
     alignment = _lcm([hash_size, *others]) if others else hash_size * draw(st.sampled_from([1, 2]))
@@ -413,13 +467,19 @@ class HybridDriver(Driver):
         self.model.seed_cache(prompt, step.group, step.mask)
         self.call("seed_cache", prompt, step.group, step.mask)
 
+    def _SeedTail(self, step: SeedTail) -> None:
+        assert self.setup is not None and self.engine is not None
+        prompt = self.setup.prompts[step.prompt]
+        self.model.seed_partial_entry(prompt, step.group, step.num_tokens)
+        self.call("seed_partial_entry", prompt, step.group, step.num_tokens)
+
     def _LookUp(self, step: LookUp) -> None:
         assert self.setup is not None and self.engine is not None
         prompt = self.setup.prompts[step.prompt]
         # An EAGLE sliding window finer than the alignment is KV-SWA-010's case: an engine that
         # fails looking it up fails there.
         swa_fine_eagle = self.setup.use_eagle and any(
-            kind == spec.SLIDING_WINDOW and size != self.model.coordinator.config.scheduler_block_size
+            kind == spec.SLIDING_WINDOW and size != self.model.coordinator.config.hit_alignment
             for kind, size, _ in self.setup.groups)
         got = self.call("lookup", prompt, step.max_cache_hit_length,
                         rule="KV-SWA-010" if swa_fine_eagle else None)
@@ -506,9 +566,15 @@ class HybridDriver(Driver):
                       f"cdiv({hit}, {size}) = {cdiv(hit, size)}")
         for sg, g in groups:
             if sg.kind != spec.FULL:
+                # (A fine-grained Mamba group's last page may hold a hit that ends inside it; every
+                # other group's blocks end on the hit's alignment. Past the margin's signature above,
+                # a fine-grained group's pages past the hit are its page count's, KV-MAMBA-020: a
+                # hit of L tokens is cdiv(L, B) pages, and its last lookup answered the hit.)
                 size = sg.kv_cache_spec.block_size
                 rule_id = "KV-MAMBA-002" if sg.kind == spec.MAMBA else "KV-HYB-004"
-                check(rule_id, len(got.block_ids[g]) * size <= hit,
+                if coordinator._fine(sg):
+                    rule_id = "KV-MAMBA-020"
+                check(rule_id, len(got.block_ids[g]) <= cdiv(hit, size),
                       lambda g=g, size=size, sg=sg: f"{sg.kind} group {g} answers "
                       f"{len(got.block_ids[g])} blocks of {size} tokens, beyond the hit of {hit} tokens")
         self._judge_length(got, spec_in, prompt)
@@ -565,9 +631,11 @@ class HybridDriver(Driver):
         if spec.single_pass(tuple(kind for kind, _, _, _ in spec_in.flat)):
             others.append(("KV-HYB-005", spec_in.no_shortcut, False, "a loop that runs past its first pass with "
                                                                       "one full-attention and one other spec group"))
-        matching = [] if got == uncached else [
+        if any(spec_in.fine):
+            others += [(rule_id, getattr(spec_in, loop), False, what) for rule_id, loop, what in _PARTIAL_SIGNATURES]
+        matching = [] if got == uncached else _partial_named([
             rule_id for rule_id, loop, widen, _ in others
-            if loop is not None and loop[2] == got and spec_in.reproduces(loop, lookup, widen)]
+            if loop is not None and loop[2] == got and spec_in.reproduces(loop, lookup, widen)])
         for rule_id, _, _, what in others:
             check(rule_id, matching != [rule_id],
                   lambda what=what: f"{got} uncached common prefix tokens, the spec's {uncached}: the count "
@@ -591,16 +659,28 @@ class HybridDriver(Driver):
                       f"{len(got.num_tokens)} lengths; the config has {num_groups} groups")
         hits = spec.per_group_hits(spec_in.flat, spec_in.cached, spec_in.bound, spec_in.num_hashed,
                                    spec_in.alignment)
+        if any(spec_in.fine):
+            self._judge_per_group_partial(spec_in, got)
         for index, group in enumerate(coordinator.spec_groups):
             kind, size, param, eagle = spec_in.flat[index]
             bound = spec_in.bound
             if eagle and spec.eagle_margin(kind, size):
                 bound = min(bound + spec.eagle_margin(kind, size), spec_in.num_hashed)
-            n = hits[index] // size
+            size = spec_in.page_sizes[index]  # a fine-grained group's entries are pages (KV-MAMBA-020)
+            n = cdiv(hits[index], size)
             nulls = spec.num_null_hit_blocks(kind, n, bound, eagle, size, param)
             if kind != spec.FULL:  # entries no lookup of the kind gives: the kind's rule, as above
                 for g in group.group_ids:
                     self._judge_answer(spec_in, index, g, got.block_ids, want=(n, nulls), context="per-group ")
+            for g in group.group_ids if spec_in.fine[index] else ():
+                # A fine-grained group's own hit of L tokens is cdiv(L, B) - 1 null pages, then one.
+                pages = cdiv(got.num_tokens[g], size)
+                entries = got.block_ids[g]
+                check("KV-MAMBA-020", len(entries) == pages and _null_pattern(entries) == max(pages - 1, 0),
+                      lambda g=g, pages=pages, size=size, entries=entries: f"per-group lookup: fine-grained Mamba "
+                      f"group {g} (block size {size}) answers {got.num_tokens[g]} tokens as {list(entries)}; a hit "
+                      f"of that many tokens is {pages} entries, the last one a page and the others null (id "
+                      f"{NULL_BLOCK_ID})")
             first = group.group_ids[0]
             for g in group.group_ids[1:]:
                 check("KV-HYB-002", got.num_tokens[g] == got.num_tokens[first]
@@ -621,6 +701,24 @@ class HybridDriver(Driver):
         check("KV-FULL-002", got.block_ids == want.block_ids,
               lambda: f"per-group hit block ids {[list(b) for b in got.block_ids]}; the reference's are "
                       f"{[list(b) for b in want.block_ids]}")
+
+    def _judge_per_group_partial(self, spec_in: _SpecInputs, got: PerGroupLookup) -> None:
+        """Per-group lookups of a partial-hit model: an answer that is exactly that of each group
+        looked up with the keys inside a Mamba block ignored names KV-MAMBA-020, one that is
+        exactly that of each group looked up with partial hits off (aligned to the scheduler block
+        size) KV-MAMBA-019 -- the alignment shows here, in a full-attention group's own hit."""
+        check = self.verdicts.check
+        firsts = [group.group_ids[0] for group in spec_in.coordinator.spec_groups]
+        answered = tuple((got.num_tokens[g], len(got.block_ids[g]), _null_pattern(got.block_ids[g]))
+                         for g in firsts)
+        wanted = spec_in.per_group_answer()
+        matching = [] if answered == wanted else _partial_named([
+            rule_id for rule_id, variant, _ in _PARTIAL_SIGNATURES
+            if answered == spec_in.per_group_answer(variant)])
+        for rule_id, _, what in _PARTIAL_SIGNATURES:
+            check(rule_id, matching != [rule_id],
+                  lambda what=what: f"per-group lookup: (hit, entries, leading nulls) per spec group "
+                                    f"{list(answered)}, the spec's {list(wanted)}: {what}")
 
     def _judge_answer(self, spec_in: _SpecInputs, index: int, group_id: int, block_ids: Sequence[Sequence[int]],
                       got: Lookup | None = None, want: tuple[int, int] | None = None, context: str = "") -> bool:
@@ -708,6 +806,10 @@ class HybridDriver(Driver):
                                          "the alignment"),
             spec.SLIDING_WINDOW: ("KV-SWA-002", "null blocks, then the run of cached blocks that ends the "
                                                 "greatest accepted length")}[kind]
+        if spec_in.fine[index]:
+            general, what = ("KV-MAMBA-020", "cdiv(L, block_size) - 1 null blocks, then the page cached under the "
+                                             "last cached hash boundary L within the bound (a positional key or "
+                                             "a partial entry)")
         check(general, valid, lambda: f"{detail()}: no {kind} lookup answers that -- {what}"
                                       + (f" (it could be {' or '.join(matching)})" if matching else ""))
         return valid
@@ -734,9 +836,12 @@ class HybridDriver(Driver):
         if eagle:  # the loop of vLLM #32802: every lookup drops its EAGLE block, no margin
             others.append(("KV-HYB-015", lambda: [(spec_in.spiral, False)], lambda: "the answer of a loop "
                            "that drops an EAGLE block on every pass (it spirals down)"))
-        matching = [] if hit == expected else [
+        if any(spec_in.fine):
+            others += [(rule_id, lambda loop=loop: [(getattr(spec_in, loop), False)], lambda what=what: what)
+                       for rule_id, loop, what in _PARTIAL_SIGNATURES]
+        matching = [] if hit == expected else _partial_named([
             rule_id for rule_id, loops, _ in others
-            if any(spec_in.reproduces(loop, got, widen) for loop, widen in loops())]
+            if any(spec_in.reproduces(loop, got, widen) for loop, widen in loops())])
         if matching in (["KV-HYB-015"], ["KV-SWA-001"]) and spec_in.reproduces(spec_in.capped_margin, got):
             # A look-ahead capped at the bound gives it too: KV-HYB-007's, below. (vLLM 0.22's
             # capped look-ahead matched the wide window's answer with a window of 1.)
@@ -778,10 +883,16 @@ class _SpecInputs:
     def __init__(self, coordinator: HybridCoordinator, hashes: Sequence[bytes], bound: int) -> None:
         config = coordinator.config
         self.coordinator, self.hashes, self.bound = coordinator, hashes, bound
-        self.alignment = config.scheduler_block_size
-        self.flat = tuple(group.flat(config.use_eagle) for group in coordinator.spec_groups)
-        self.cached = tuple(coordinator._cached_flags(hashes, group) for group in coordinator.spec_groups)
-        self.num_hashed = len(hashes) * config.hash_block_size
+        #: The scheduler block size, or the hash block with partial hits on (KV-MAMBA-019).
+        self.alignment = config.hit_alignment
+        # As the reference's lookup sees them: a fine-grained Mamba group (KV-MAMBA-020) is one of
+        # the hash block, flagged per hash unit.
+        self.flat, self.cached, self.num_hashed = coordinator._lookup_inputs(hashes)
+        #: Each spec group's block: what its entries are pages of (a fine-grained group's flat
+        #: block is the hash block, and a hit may end inside its last page).
+        self.page_sizes = tuple(group.kv_cache_spec.block_size for group in coordinator.spec_groups)
+        #: Which spec groups are fine-grained Mamba groups.
+        self.fine = tuple(coordinator._fine(group) for group in coordinator.spec_groups)
         #: The groups of spec groups with more than one member (KV-HYB-002).
         self.members = [(index, g) for index, group in enumerate(coordinator.spec_groups)
                         if len(group.group_ids) > 1 for g in group.group_ids]
@@ -823,6 +934,59 @@ class _SpecInputs:
                                       margin_cap=cap, mamba_margin=True) for cap in ("hashed", "max_length"))
 
     @functools.cached_property
+    def positional_only(self) -> tuple | None:
+        """The loop whose fine-grained Mamba groups read only their pages' positional keys, the
+        keys inside a block ignored (KV-MAMBA-020's signature); None without such a group."""
+        if not any(self.fine):
+            return None
+        return self.fixed_point(self.flat, self._positional_flags())
+
+    @functools.cached_property
+    def partial_off(self) -> tuple | None:
+        """The loop of an engine that leaves partial hits off (KV-MAMBA-019's signature): hits
+        aligned to the scheduler block size, each Mamba group looked up at its own block by its
+        pages' positional keys; None without a fine-grained group. (Its answers are pages as the
+        fine-grained loop's are: :meth:`answer` reads both.)"""
+        if not any(self.fine):
+            return None
+        flat, cached, alignment = self._partial_off_inputs()
+        return spec.fixed_point(flat, cached, self.bound, self.num_hashed, alignment)
+
+    def _positional_flags(self) -> tuple[tuple[bool, ...], ...]:
+        """The cached flags with a fine-grained group's units kept only where they end a page:
+        its pages' positional keys."""
+        return tuple(tuple(hit and (f + 1) % (page // size) == 0 for f, hit in enumerate(flags)) if fine else flags
+                     for fine, flags, page, (_, size, _, _) in zip(self.fine, self.cached, self.page_sizes, self.flat))
+
+    def _partial_off_inputs(self) -> tuple[tuple[spec.SpecGroup, ...], tuple[tuple[bool, ...], ...], int]:
+        """The spec's inputs with partial hits off: every group at its own block, a fine-grained
+        group flagged per page by the unit that ends it, the scheduler block size the alignment."""
+        config = self.coordinator.config
+        flat = tuple(group.flat(config.use_eagle) for group in self.coordinator.spec_groups)
+        cached = tuple(flags[page // size - 1::page // size] if fine else flags for fine, flags, page, (_, size, _, _)
+                       in zip(self.fine, self.cached, self.page_sizes, self.flat))
+        return flat, cached, config.scheduler_block_size
+
+    def per_group_answer(self, variant: str | None = None) -> tuple[tuple[int, int, int | None], ...]:
+        """(hit, entries, leading nulls) of each spec group looked up alone at the bound, with its
+        EAGLE margin and drop (KV-HYB-011); with ``variant`` ("positional_only" or "partial_off"),
+        as that signature's engine answers them."""
+        flat, cached, alignment = self.flat, self.cached, self.alignment
+        if variant == "positional_only":
+            cached = self._positional_flags()
+        elif variant == "partial_off":
+            flat, cached, alignment = self._partial_off_inputs()
+        hits = spec.per_group_hits(flat, cached, self.bound, self.num_hashed, alignment)
+        answers = []
+        for (kind, size, param, eagle), page, hit in zip(flat, self.page_sizes, hits):
+            bound = self.bound
+            if eagle and spec.eagle_margin(kind, size):
+                bound = min(bound + spec.eagle_margin(kind, size), self.num_hashed)
+            n = cdiv(hit, page)
+            answers.append((hit, n, spec.num_null_hit_blocks(kind, n, bound, eagle, page, param)))
+        return tuple(answers)
+
+    @functools.cached_property
     def spiral(self) -> tuple:
         """The loop dropping an EAGLE block on every lookup, without a margin (KV-HYB-015)."""
         return spec.fixed_point(self.flat, self.cached, self.bound, self.num_hashed, self.alignment,
@@ -837,12 +1001,14 @@ class _SpecInputs:
 
     def answer(self, loop: tuple, index: int, widen: bool = False) -> tuple[int, int]:
         """(entries, leading nulls) of spec group ``index``'s last lookup in ``loop`` (``widen``:
-        a loop whose windows are one token wider)."""
-        kind, size, param, _ = self.flat[index]
+        a loop whose windows are one token wider). Entries are pages: a fine-grained group's
+        answer of L tokens is cdiv(L, B) of them (KV-MAMBA-020)."""
+        kind, _, param, _ = self.flat[index]
+        page = self.page_sizes[index]
         last_bound, drop = loop[4][index]
-        n = loop[1][index] // size
+        n = cdiv(loop[1][index], page)
         param += 1 if widen and kind == spec.SLIDING_WINDOW else 0
-        return n, spec.num_null_hit_blocks(kind, n, last_bound, drop, size, param)
+        return n, spec.num_null_hit_blocks(kind, n, last_bound, drop, page, param)
 
     def reproduces(self, loop: tuple | None, got: Lookup, widen: bool = False) -> bool:
         """Whether the engine's answer is exactly ``loop``'s: the same hit, and each non-full
@@ -876,10 +1042,15 @@ class _SpecInputs:
                   alignment: int | None = None) -> tuple[int, int]:
         """(entries, leading nulls) of spec group ``index``'s finder at ``bound`` with ``drop``."""
         kind, size, param, _ = self.flat[index]
+        page = self.page_sizes[index]
         flags = self.cached[index] if member is None else self.member_flags(index, member)
         align = self.alignment if alignment is None else alignment
-        n = spec.group_hit_length(kind, flags, bound, size, param, drop, align) // size
-        return n, spec.num_null_hit_blocks(kind, n, bound, drop, size, param)
+        if self.fine[index] and align == size:  # KV-MAMBA-020's finder: the last cached hash boundary
+            length = mamba_spec.partial_hit_length(flags, bound, page, size)
+        else:
+            length = spec.group_hit_length(kind, flags, bound, size, param, drop, align)
+        n = cdiv(length, page)
+        return n, spec.num_null_hit_blocks(kind, n, bound, drop, page, param)
 
 
 def _flags(flags: Sequence[bool]) -> str:
@@ -897,6 +1068,26 @@ def _null_pattern(entries: Sequence[int]) -> int | None:
     return leading if NULL_BLOCK_ID not in entries[leading:] else None
 
 
+#: The named answers of a partial-hit model: (rule, the :class:`_SpecInputs` loop or per-group
+#: variant that gives them, what they are).
+_PARTIAL_SIGNATURES = (
+    ("KV-MAMBA-020", "positional_only", "the answer of a lookup whose Mamba groups read only their pages' "
+                                        "positional keys, not the keys inside a block"),
+    ("KV-MAMBA-019", "partial_off", "the answer of a lookup with partial hits off: hits aligned to the scheduler "
+                                    "block size, Mamba groups looked up at their own blocks"),
+)
+
+
+def _partial_named(matching: list[str]) -> list[str]:
+    """The named rules of a wrong answer, with KV-MAMBA-019 dropped where KV-MAMBA-020 names it
+    too: an answer that ignores the keys inside a Mamba block breaks KV-MAMBA-020 whatever the
+    alignment, and partial hits left off (KV-MAMBA-019) are named only where the alignment
+    shows apart from that (a group other than Mamba aligned to the scheduler block size)."""
+    if "KV-MAMBA-019" in matching and "KV-MAMBA-020" in matching:
+        return [rule_id for rule_id in matching if rule_id != "KV-MAMBA-019"]
+    return matching
+
+
 #: Divergences of the spec's loop from the declarative hit, over a whole run (for the report).
 DIVERGENCES: dict[str, int] = {}
 
@@ -910,9 +1101,18 @@ class HybridLookupMachine(SuiteMachine):
         super().__init__()
         self.seeded: list[int] = []
 
-    @initialize(setup=hybrid_setups())
-    def configure(self, setup: HybridSetup) -> None:
-        self.driver.apply(setup)
+    @initialize(data=st.data())
+    def configure(self, data: st.DataObject) -> None:
+        # (Drawn through ``data``, which draws nothing itself: without the capability the
+        # examples are what a strategy argument drew.)
+        partial = self.driver.verdicts.capabilities.mamba_partial_hits and self.can("seed_partial_entry")
+        self.driver.apply(data.draw(hybrid_setups(partial), label="setup"))
+
+    def _fine_groups(self) -> list[int]:
+        """The fine-grained Mamba groups of a partial-hit model (KV-MAMBA-020), where partial
+        entries can be seeded."""
+        coordinator = self.driver.model.coordinator
+        return [g for g in range(len(self.driver.setup.groups)) if coordinator.fine_grained(g)]
 
     def _alive(self) -> bool:
         return self.driver.setup is not None and not self.driver.dead
@@ -962,6 +1162,23 @@ class HybridLookupMachine(SuiteMachine):
                 continue
             self.driver.apply(Seed(prompt, group, tuple(
                 all(mask[j * per:(j + 1) * per]) and len(mask) >= (j + 1) * per for j in range(length))))
+        self._seed_tails(data, prompt)
+
+    def _seed_tails(self, data: st.DataObject, prompt: int) -> None:
+        """In a partial-hit model, one time in two per fine-grained Mamba group, a partial entry of
+        the prompt: at its last hash boundary inside a block, where a producer keys its tail
+        (KV-MAMBA-021), or at any hash boundary inside a block (a longer prompt's tail)."""
+        setup = self.driver.setup
+        h = setup.hash_block_size
+        tokens = setup.prompts[prompt]
+        for group in self._fine_groups():
+            size = setup.groups[group][1]
+            inside = [t for t in range(h, (len(tokens) // h) * h + 1, h) if mamba_spec.shared_entry(t, size) >= 0]
+            if not inside or data.draw(st.integers(0, 1), label="partial entry") == 0:
+                continue
+            tail = mamba_spec.checkpoint_position(len(tokens), h, setup.use_eagle)
+            choices = st.sampled_from(inside) | (st.just(tail) if tail in inside else st.nothing())
+            self.driver.apply(SeedTail(prompt, group, data.draw(choices, label="partial entry tokens")))
 
     @precondition(_alive)
     @rule(data=st.data())
@@ -1005,6 +1222,6 @@ HYBRID = register_suite(SuiteDef(
              "lookup_per_group": returns.attributes(PerGroupLookup, block_ids=returns.block_id_groups,
                                                     num_tokens=returns.sequence_of(returns.integer))},
     driver=HybridDriver, machine=HybridLookupMachine, module=__name__,
-    step_names=("HybridSetup", "LookUp", "Seed"),
+    step_names=("HybridSetup", "LookUp", "Seed", "SeedTail"),
     engines={"reference": f"{__name__}:ReferenceHybridLookup",
              "vllm": "kvoracle.conformance.engines.vllm_hybrid:VllmHybridLookup"}))

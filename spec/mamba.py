@@ -170,7 +170,9 @@ unjudged.
 
 **Partial hits** (KV-MAMBA-019 .. KV-MAMBA-025; judged by the manager suite where
 the engine claims ``mamba_partial_hits``, which adds ``take_copies()``, the scheduler's
-end of a step). With several KV-cache groups, vLLM lets a hit end
+end of a step; the hybrid lookup suite judges what a lookup shows, KV-MAMBA-019 and
+KV-MAMBA-020, over partial entries it leaves with ``seed_partial_entry()``). With several
+KV-cache groups, vLLM lets a hit end
 inside a Mamba block when an align-mode Mamba group's block ``B`` is a larger
 multiple of the hash block ``h`` and every other group can look hits up at ``h``
 (full attention and Mamba can; a sliding-window or chunked-local group only
@@ -518,7 +520,7 @@ KV_MAMBA_019 = rule(
            f"{SCHED} Scheduler.__init__ (mamba_partial_cache_hit)",
     chapter=CHAPTER,
     needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
-    judged_by=("manager",),
+    judged_by=("manager", "hybrid"),
 )
 KV_MAMBA_020 = rule(
     "KV-MAMBA-020",
@@ -536,7 +538,7 @@ KV_MAMBA_020 = rule(
            "resolve_block_hashes (the raw hashes kept for fine-grained lookups)",
     chapter=CHAPTER,
     needs=("kv_cache_groups", "mamba_align", "mamba_partial_hits"),
-    judged_by=("manager",),
+    judged_by=("manager", "hybrid"),
 )
 KV_MAMBA_021 = rule(
     "KV-MAMBA-021",

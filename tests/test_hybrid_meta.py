@@ -66,7 +66,8 @@ def test_the_reference_passes_each_state(engine: str) -> None:
 
 
 def test_reference_passes_the_generated_hybrid_suite() -> None:
-    result = run_suite("reference", RunOptions(max_examples=40, replay_dir=None), suite="hybrid")
+    # (80: the draws moved when partial-hit models joined; 40 and 60 left rules unexercised at seed 0.)
+    result = run_suite("reference", RunOptions(max_examples=80, replay_dir=None), suite="hybrid")
     assert result.ok, [(o.rule_id, o.outcome) for o in result.verdicts.outcomes.values()
                        if o.outcome not in ("pass", "not-applicable")]
 

@@ -94,7 +94,9 @@ class Capabilities:
     mamba_align: bool = False
     #: The manager adapter takes align-mode Mamba groups coarser than the hash block where they
     #: turn vLLM's fine-grained partial hits on (KV-MAMBA-019), and offers ``take_copies()``, the
-    #: scheduler's ``take_kv_cache_block_copies`` with the held pages released (KV-MAMBA-025).
+    #: scheduler's ``take_kv_cache_block_copies`` with the held pages released (KV-MAMBA-025). A
+    #: hybrid lookup adapter claiming it (with ``kv_cache_groups`` and ``mamba_align``: it looks
+    #: such groups up) offers ``seed_partial_entry()``, a page keyed inside a Mamba block.
     mamba_partial_hits: bool = False
     #: The prefix-tree suite's eviction order: one of :data:`TREE_RECENCIES`.
     tree_recency: str = attrs.field(default="page")
