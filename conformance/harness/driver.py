@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+from kvoracle.spec.contracts import is_suspended
+
 from .calls import EngineCaller, EngineError
 from .picture import missing
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
@@ -135,7 +137,8 @@ class Driver:
         found.steps = list(self.steps)
         example = Counterexample(found.rule_id, found.message, found.steps, found.is_engine_error,
                                  suite=self.suite_name, shrunk=not found.hung)
-        self.verdicts.first_seen.setdefault(found.rule_id, example)
+        if not is_suspended():  # an example the reference's contracts did not check is no evidence
+            self.verdicts.first_seen.setdefault(found.rule_id, example)
         if found.rule_id in self.verdicts.suppressed:
             return
         if found.hung and self.record_hangs:

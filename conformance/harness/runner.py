@@ -33,6 +33,7 @@ from .determinism import CountingClocks, independent_of_hashing, independent_of_
 from .engines import EngineLoadError, engine_factory, engine_spec_of
 from .machine import bind_machine, examples_key
 from .replay import picture_replay, write_replay
+from .shrinking import contracts_off_while_shrinking
 from .suites import SuiteDef, capabilities_of, get_suite
 from .verdicts import Counterexample, RuleViolation, Verdicts
 
@@ -379,7 +380,8 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             round_began = result.examples
             notify("round_started", name, result.rounds, replaying, max_examples, seed)
             try:
-                with independent_of_imports(), independent_of_time(clock), independent_of_hashing():
+                with independent_of_imports(), independent_of_time(clock), independent_of_hashing(), \
+                        contracts_off_while_shrinking():
                     test()
             except (HypothesisException, Exception) as error:
                 recorded = _record_round_failures(error, verdicts, seen_before, result, say)
