@@ -113,7 +113,8 @@ test-vllm: $(STAMP)
 VENV_SGLANG ?= .venv-sglang
 
 SGLANG_TESTS := tests/test_sglang_adapter.py tests/test_sglang_unified.py tests/test_sglang_paged_store.py \
-	tests/test_sglang_swa.py tests/test_sglang_swa_store.py tests/test_sglang_mamba.py
+	tests/test_sglang_swa.py tests/test_sglang_swa_store.py tests/test_sglang_mamba.py \
+	tests/test_sglang_mamba_store.py
 
 ## SGLang 0.5.23 on CPU torch (scripts/install_sglang.sh): its adapters' tests (the real caches, and
 ## broken ones made by patching one method of its classes, each convicted by a whole suite run) and a

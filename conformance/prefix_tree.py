@@ -14,11 +14,12 @@ and :class:`~kvoracle.reference.prefix_tree.PageAllocator`, page recency), ``sgl
 ``sglang-unified-swa`` / ``sglang-unified-swa-rust`` (its FULL and SWA components: a window
 component, KV-TREE-016 .. 021; :mod:`.engines.sglang_swa`), ``sglang-unified-mamba`` /
 ``sglang-unified-mamba-rust`` (its FULL and MAMBA components: a state component, KV-TREE-022 ..
-027; :mod:`.engines.sglang_mamba`); and, but for the state component, each of them in a paged KV
-store that SGLang's model runner writes through the engine's slot indices (window KV through its
-window slots), judged by the data rules KV-DATA-001 .. 004 as well (``paged-reference``,
+027; :mod:`.engines.sglang_mamba`); and each of them in a paged KV store that SGLang's model runner
+writes through the engine's slot indices (window KV through its window slots, states through its
+state slots), judged by the data rules KV-DATA-001 .. 004 and 007 as well (``paged-reference``,
 ``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``,
-``paged-sglang-unified-swa``, ``paged-sglang-unified-swa-rust``; :mod:`.engines.prefix_tree_store`).
+``paged-sglang-unified-swa``, ``paged-sglang-unified-swa-rust``, ``paged-sglang-unified-mamba``,
+``paged-sglang-unified-mamba-rust``; :mod:`.engines.prefix_tree_store`).
 
 Run it with ``kvoracle check --suite prefix-tree [--engine reference|sglang|sglang-unified|module:Class]``.
 """
@@ -77,6 +78,9 @@ class ReferencePrefixTree:
     window_optional = True
     #: It takes a state component (``TreeSetup.states``; KV-TREE-022 .. 027) where it has no window.
     state_component = True
+    #: A paged store's runner, which writes the request's state into the state slot an insertion
+    #: gives the cache before the cache takes it (KV-DATA-007); ``None`` outside a store.
+    state_writer = None
 
     def configure(self, setup: TreeSetup) -> None:
         self.allocator = PageAllocator(setup.num_pages, setup.page_size)
@@ -88,9 +92,12 @@ class ReferencePrefixTree:
         #: Window slots in use outside the cache: one per slot allocated and not yet freed.
         self.window_capacity = setup.num_pages * setup.page_size
         self.window_used = 0
-        #: State slots: the free ones (an insertion takes one and gives it back when the cache keeps its own).
+        #: State slots, numbered 0 .. states - 1: the free ones in the order they are handed out (an
+        #: insertion takes the first and gives it back when the cache keeps its own), and the one of
+        #: each page holding a state.
         self.state_capacity = setup.states
-        self.states_free = setup.states
+        self.free_state_slots: list[int] = list(range(setup.states))
+        self.state_slot_of: dict[PageKey, int] = {}
 
     def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
         assert self.tree is not None
@@ -115,15 +122,20 @@ class ReferencePrefixTree:
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
         assert self.tree is not None
-        states = self.tree.state_count()
+        given = None
         if self.tree.states:
-            if self.states_free < 1:
+            if not self.free_state_slots:
                 raise ValueError("KV-TREE-027: no free state slot for the insertion's state")
-            self.states_free -= 1
+            given = self.free_state_slots.pop(0)
+            if self.state_writer is not None:
+                self.state_writer(given)
         held = self.tree.insert(namespace, tokens, slots, own=self.own.get(handle, 0))
-        if self.tree.states:
-            self.states_free += 1 - (self.tree.state_count() - states)
         self.found[handle] = self.tree.page_keys(namespace, tokens)
+        if given is not None:
+            if self.tree.state_adopted:
+                self.state_slot_of[self.found[handle][-1]] = given
+            else:  # the key's last page kept its own state (or the key is shorter than a page)
+                self.free_state_slots.append(given)
         self.own[handle] = len(self.found[handle]) * self.tree.page_size
         return held
 
@@ -138,12 +150,22 @@ class ReferencePrefixTree:
     def evict(self, num_tokens: int) -> int:
         assert self.tree is not None and self.allocator is not None
         pages = {key: self.tree.pages[key].slots for key in self.tree.pages}
-        states = self.tree.state_count()
         removed = self.tree.evict(num_tokens)
         for key in removed:
             self.allocator.free(pages[key])
-        self.states_free += states - self.tree.state_count()
+        self._free_dropped_states()
         return len(removed) * self.tree.page_size
+
+    def _free_dropped_states(self) -> None:
+        """Give back the state slot of every page that no longer holds its state (dropped, or removed)."""
+        assert self.tree is not None
+        for key in [key for key in self.state_slot_of if key not in self.tree.pages or not self.tree.pages[key].state]:
+            self.free_state_slots.append(self.state_slot_of.pop(key))
+
+    def state_slot(self, handle: int) -> int | None:
+        """The state slot the last match under ``handle`` hands its request: the one at its hit's last page."""
+        path = self.found.get(handle)
+        return self.state_slot_of.get(path[-1]) if path else None
 
     def evict_states(self, num_states: int) -> int:
         """Drop states (KV-TREE-024): the reference's oldest-first order, sparing the locked paths' ends."""
@@ -153,7 +175,7 @@ class ReferencePrefixTree:
         dropped, removed = self.tree.evict_states(num_states, protected)
         for key in removed:
             self.allocator.free(pages[key])
-        self.states_free += len(dropped)
+        self._free_dropped_states()
         return len(dropped)
 
     def evict_window(self, num_tokens: int) -> int:
@@ -176,13 +198,15 @@ class ReferencePrefixTree:
 
     def observe(self) -> TreeView:
         assert self.tree is not None and self.allocator is not None
-        pages = tuple(PageView(ns, tokens, page.slots, page.locks, page.windowed, page.state)
+        pages = tuple(PageView(ns, tokens, page.slots, page.locks, page.windowed, page.state,
+                               self.state_slot_of.get((ns, tokens)))
                       for (ns, tokens), page in self.tree.pages.items())
         evictable, protected = self.tree.sizes()
         if self.tree.states:
             ends = {key for path in self.locked.values() for key in self.tree.state_locked(path)}
             locked_states = sum(1 for key in ends if self.tree.pages[key].state)
-            return TreeView(pages, evictable, protected, self.allocator.available(), state_free=self.states_free,
+            return TreeView(pages, evictable, protected, self.allocator.available(),
+                            state_free=len(self.free_state_slots),
                             state_evictable=self.tree.state_count() - locked_states, state_protected=locked_states)
         if not self.tree.window:
             return TreeView(pages, evictable, protected, self.allocator.available())
@@ -205,7 +229,8 @@ WINDOW_RULES = (*(f"KV-TREE-{n:03d}" for n in range(16, 22)), "KV-TREE-028", "KV
 #: evictions, KV-TREE-030).
 MAMBA_RULES = (*(f"KV-TREE-{n:03d}" for n in range(22, 28)), "KV-TREE-030")
 
-#: The engines in a paged KV store (:mod:`.engines.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004 too.
+#: The engines in a paged KV store (:mod:`.engines.prefix_tree_store`, needs torch), judged by KV-DATA-001 .. 004
+#: (and 007, with a state component) too.
 _STORE = "kvoracle.conformance.engines.prefix_tree_store"
 
 def _exclusions(probe: object) -> dict[str, str]:
@@ -215,8 +240,8 @@ def _exclusions(probe: object) -> dict[str, str]:
         excluded.update(dict.fromkeys(WINDOW_RULES, "the engine has no window component (window_component), the "
                                                     "only caches these rules are about"))
     if not getattr(probe, "state_component", False):
-        excluded.update(dict.fromkeys(MAMBA_RULES, "the engine has no state component (state_component), the only "
-                                                   "caches these rules are about"))
+        excluded.update(dict.fromkeys((*MAMBA_RULES, "KV-DATA-007"), "the engine has no state component "
+                                      "(state_component), the only caches these rules are about"))
     return excluded
 
 
@@ -238,6 +263,8 @@ PREFIX_TREE = register_suite(SuiteDef(
              "paged-sglang-unified-rust": f"{_STORE}:PagedSGLangUnifiedRust",
              "paged-sglang-unified-swa": f"{_STORE}:PagedSGLangUnifiedSWA",
              "paged-sglang-unified-swa-rust": f"{_STORE}:PagedSGLangUnifiedSWARust",
+             "paged-sglang-unified-mamba": f"{_STORE}:PagedSGLangUnifiedMamba",
+             "paged-sglang-unified-mamba-rust": f"{_STORE}:PagedSGLangUnifiedMambaRust",
              "sglang-unified-mamba": "kvoracle.conformance.engines.sglang_mamba:SGLangUnifiedMamba",
              "sglang-unified-mamba-rust": "kvoracle.conformance.engines.sglang_mamba:SGLangUnifiedMambaRust",
              "sglang-unified-swa": "kvoracle.conformance.engines.sglang_swa:SGLangUnifiedSWA",

@@ -32,6 +32,9 @@ class PageView:
     windowed: bool = True
     #: Whether the page holds the state after its last token (a cache with a state component).
     state: bool = False
+    #: The state slot holding that state, where the adapter names it (one that runs in a paged KV
+    #: store, KV-DATA-007); ``None`` otherwise.
+    state_slot: int | None = None
 
 
 @attrs.frozen
@@ -109,6 +112,16 @@ class PrefixTreeAdapter(Protocol):
     # states dropped (KV-TREE-024). Its ``insert`` gives the cache the state after the inserted
     # tokens, from a state slot of its own that it takes back when the cache holds one there
     # already (KV-TREE-026); the driver leaves a state slot free before each insertion.
+    #
+    # An adapter with a state component that runs in a paged KV store (KV-DATA-007) also names its
+    # state slots: ``PageView.state_slot`` for every page holding a state, and
+    #
+    #   state_slot(handle) -> int | None
+    #
+    # the state slot the last ``match`` under ``handle`` hands its request to resume from (the state
+    # at the hit's last page; ``None`` for no hit); and, before the cache takes the state slot it gives
+    # an insertion, it calls its attribute ``state_writer`` (when set: the store's runner) with that
+    # slot, so that the runner writes the request's state into it first.
     #
     # An adapter that claims ``kv_data`` (a paged KV store around the cache) also offers
     #
@@ -245,7 +258,8 @@ STEP_NAMES = ("Abort", "Arrive", "Checkpoint", "Compute", "Evict", "EvictStates"
 
 _SLOTS = returns.sequence_of(returns.integer)
 _PAGE = returns.attributes(PageView, namespace=returns.integer, tokens=_SLOTS, slots=_SLOTS, locks=returns.integer,
-                           windowed=returns.boolean, state=returns.boolean)
+                           windowed=returns.boolean, state=returns.boolean,
+                           state_slot=returns.optional(returns.integer))
 
 #: What each operation must return.
 RETURNS = {

@@ -68,6 +68,28 @@ slot like any other (kvoracle's reference) or one its allocator never hands out
 (SGLang's padding slot, which padded tokens do write), so those two rules judge
 the block tables of the manager suite only.
 
+**State slots of a prefix tree** (KV-DATA-007). A prefix tree with a state
+component (chapter 14, KV-TREE-022 .. KV-TREE-027: SGLang's Mamba component)
+keeps each state in a state slot of a pool of its own, one per page that holds
+a state. A state is not per-token KV: it is the recurrent layers' summary of the
+whole prefix, which the runner computes by folding every token into the state it
+started from. Its stand-in here is :func:`state_after`: the state after a prefix
+is the slot value of its last token (the chain of :func:`slot_value` from
+:func:`prefix_seed`, so it covers the tokens, the positions and the salt), and
+resuming from the state after ``k`` tokens gives the same state as running from
+the start -- a state read from the wrong slot yields a wrong state, and every
+state computed from it stays wrong. Two places hand state data over. A hit of
+``h > 0`` tokens hands its request the state slot at the hit's last page, whose
+state the request copies and resumes from: that slot holds the state after
+exactly the request's first ``h`` tokens. An insertion gives the cache the slot
+the runner wrote the request's state after the key into, or gives it back where
+the page kept its own (KV-TREE-026): from then on, and for as long as the page
+keeps its state, every state slot the cache holds at a page holds the state
+after that page's tokens. A slot is rewritten only after the cache has given it
+up (a dropped state, a duplicate handed back). vLLM's form is KV-MAMBA-015 (a
+state page cached under a prefix's key holds the state after that prefix),
+judged by the manager suite.
+
 Engines are judged on these rules only through an adapter that keeps the
 store (``kvoracle.conformance.engines.paged_store.PagedStoreWrapper``, any engine) and
 declares the ``kv_data`` capability -- for a prefix tree,
@@ -163,6 +185,26 @@ KV_DATA_006 = rule(
     chapter=CHAPTER,
     needs=("kv_data",),
     judged_by=("manager",),
+)
+
+KV_DATA_007 = rule(
+    "KV-DATA-007",
+    "A prefix tree's state slots hold the state their page names",
+    """For a prefix tree with a state component: the state slot a hit of h > 0 tokens hands its
+    request to resume from (the state at the hit's last page, KV-TREE-022) holds the recurrent
+    state after exactly the request's first h tokens in its namespace, never an unwritten slot nor
+    another prefix's state; and every state slot the cache holds at a page holds the state after
+    that page's tokens for as long as the page keeps its state. The slot an insertion gives the
+    cache holds the state after the insertion's key; a slot is rewritten only after the cache has
+    given it up (a dropped state, a duplicate handed back, KV-TREE-024, KV-TREE-026). vLLM's form:
+    KV-MAMBA-015.""",
+    source="sglang/srt/mem_cache/unified_cache/components/mamba.py (SGLang 0.5.23) "
+           "MambaComponent.finalize_match_result_in_cache (mamba_cow_src_index, the hit's state slot the "
+           "request copies), prepare_for_caching_req (the request's state copied into the donated slot), "
+           "commit_insert_component_data, evict_component / _free_mamba_value",
+    chapter=CHAPTER,
+    needs=("kv_data",),
+    judged_by=("prefix-tree",),
 )
 
 #: Kinds of group holding one slot of KV per token of the request: the store writes and
@@ -285,3 +327,33 @@ def first_relied_position(kind: str, param: int, num_tokens: int) -> int:
     token cannot attend to in that group.
     """
     return skipped_tokens(kind, param, num_tokens)
+
+
+@icontract.require(lambda state: _INT64_MIN <= state <= _INT64_MAX, enabled=ENABLED)
+@icontract.require(lambda start: start >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, state, tokens, start: start < len(tokens) or result == state,
+                  "no token past start: the state stays", enabled=ENABLED)
+@icontract.ensure(lambda result, tokens, start: start >= len(tokens) or result != UNWRITTEN,
+                  "a computed state is never the unwritten marker", enabled=ENABLED)
+@defines(KV_DATA_007)
+def state_after(state: int, tokens: Sequence[int], start: int) -> int:
+    """The recurrent state after ``tokens`` when ``state`` is the state after their first ``start``
+    (:func:`prefix_seed` for none): each later token is folded in as :func:`slot_value` chains slot
+    values, so the state after a prefix is its last token's slot value, and resuming from the state
+    after ``k`` tokens gives what running from the start gives."""
+    for position in range(start, len(tokens)):
+        state = slot_value(state, tokens[position], position)
+    return state
+
+
+@icontract.require(lambda expected, actual: len(expected) == len(actual), enabled=ENABLED)
+@icontract.ensure(lambda result, expected, actual: (result == -1) == (tuple(expected) == tuple(actual)),
+                  enabled=ENABLED)
+@icontract.ensure(lambda result, expected, actual: result == -1 or (
+    expected[result] != actual[result] and tuple(expected[:result]) == tuple(actual[:result])), enabled=ENABLED)
+@defines(KV_DATA_007)
+def first_wrong_state(expected: tuple[int, ...], actual: tuple[int, ...]) -> int:
+    """The first of the state slots read back (``actual``: a hit's, or those of the pages holding a
+    state) that does not hold the state its prefix names (``expected``, :func:`state_after`), -1 when
+    every one does."""
+    return next((i for i, (want, found) in enumerate(zip(expected, actual)) if want != found), -1)

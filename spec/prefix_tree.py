@@ -112,7 +112,9 @@ inserter's is a duplicate it gets back (KV-TREE-026). The state slots balance, a
 own account splits its states into protected and evictable ones (KV-TREE-027). States go least
 recently used first (KV-TREE-030): a state's stamp is that of the last lookup whose hit ended at it
 (the state its request resumes from) or insertion that left a state there, and ``evict_states`` drops
-the oldest first. A cache with both a window and a state component is not yet judged.
+the oldest first. What the state slots hold -- a hit's the state after its tokens, every held page's
+the state after its prefix -- is the data chapter's rule, judged through a paged store (KV-DATA-007). A
+cache with both a window and a state component is not yet judged.
 
 **Namespaces** (KV-TREE-004). A namespace (SGLang's ``extra_key``: a LoRA adapter, a
 cache salt) partitions the cache: a page is never shared between namespaces, even

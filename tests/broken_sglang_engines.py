@@ -699,3 +699,65 @@ BROKEN_MAMBA = {
     MambaMatchRefreshesNothing: "KV-TREE-030",
     MambaEvictsFreshestState: "KV-TREE-030",
 }
+
+
+# -- faults in the MAMBA component's state data, which only the paged store sees (KV-DATA-007) -----------------
+def _nearest_state_above(component: Any, node: Any) -> Any:
+    """The state slot (a MAMBA value) of the nearest ancestor of ``node`` that holds one, or ``None``."""
+    above = node.parent
+    while above is not None and above is not component.tree_core.root_node:
+        value = above.component_data[component.component_type].value
+        if value is not None:
+            return value
+        above = above.parent
+    return None
+
+
+def _cow_from_the_state_above(component: Any, params: Any, result: Any) -> Any:
+    """The real copy-on-write naming of the hit's state slot, but naming the slot of the nearest state
+    above the match's best node where there is one: the hit, the tree and every count stay right, and
+    the request resumes from an earlier prefix's state."""
+    result = _base(component).finalize_match_result_in_cache(params, result)
+    if params.cow_mamba and getattr(params.req.kv, "mamba_cow_src_index", None) is not None:
+        above = _nearest_state_above(component, component.tree_core.node_by_id(result.best_match_node))
+        if above is not None:
+            params.req.kv.mamba_cow_src_index = above
+    return result
+
+
+def _evict_component_freeing_the_state_above(component: Any, node: Any, device_frees: Any, *args: Any,
+                                             **kwargs: Any) -> Any:
+    """The real eviction of a node's MAMBA value, but the slot handed to the allocator is the one of the
+    nearest state above the node, where there is one: the node loses its state, the counts balance,
+    and a slot the tree still holds goes back to the free list."""
+    above = _nearest_state_above(component, node)
+    start = len(device_frees[component.component_type])
+    answer = _base(component).evict_component(node, device_frees, *args, **kwargs)
+    frees = device_frees[component.component_type]
+    if above is not None and len(frees) > start:
+        frees[start] = above
+    return answer
+
+
+class MambaCowFromTheStateAbove(_PatchedMamba):
+    """A match's copy-on-write names the state slot of the nearest state above the hit's last node
+    (Python tree core): the request resumes from an earlier prefix's state."""
+
+    name = "sglang-mamba-cow-from-the-state-above"
+    mamba_methods = (("finalize_match_result_in_cache", _cow_from_the_state_above),)
+
+
+class MambaEvictFreesTheStateAbove(_PatchedMamba):
+    """Dropping a node's state hands the allocator the state slot of the nearest state above it (Python
+    tree core), which the tree still holds: the next insertion's state is written over it."""
+
+    name = "sglang-mamba-evict-frees-the-state-above"
+    mamba_methods = (("evict_component", _evict_component_freeing_the_state_above),)
+
+
+#: Each broken FULL+MAMBA cache whose fault lies in the state data, in the paged store, and the rule it must
+#: be convicted of.
+BROKEN_MAMBA_IN_STORE = {
+    MambaCowFromTheStateAbove: "KV-DATA-007",
+    MambaEvictFreesTheStateAbove: "KV-DATA-007",
+}

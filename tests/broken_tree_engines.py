@@ -383,7 +383,7 @@ class StateEvictionIgnoresLocks(_StateTree):
         dropped, removed = self.tree.evict_states(num_states, set())
         for key in removed:
             self.allocator.free(pages[key])
-        self.states_free += len(dropped)
+        self._free_dropped_states()
         return len(dropped)
 
 
@@ -397,7 +397,7 @@ class InsertLeavesNoState(_StateTree):
         held = super().insert(handle, namespace, tokens, slots)
         if self.tree.states and self.tree.state_adopted:
             self.tree.pages[self.tree.page_keys(namespace, tokens)[-1]].state = False
-            self.states_free += 1
+            self._free_dropped_states()
         return held
 
 
@@ -407,9 +407,9 @@ class StateSlotsLeak(_StateTree):
     name = "state-slots-leak"
 
     def evict_states(self, num_states):
-        free = self.states_free
+        free = list(self.free_state_slots)
         dropped = super().evict_states(num_states)
-        self.states_free = free
+        self.free_state_slots = free
         return dropped
 
 

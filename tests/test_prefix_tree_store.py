@@ -1,8 +1,9 @@
 """The prefix-tree suite's paged KV store (conformance/engines/prefix_tree_store.py) without SGLang.
 
 kvoracle's reference tree in the store passes every rule, the data rules KV-DATA-001 .. 004
-with checks; broken model runners and broken trees in the store are convicted of the data rule
-they break (the store's verdicts come before the suite's own), with replays that keep failing;
+and the state slots' KV-DATA-007 with checks; broken model runners and broken trees in the store
+are convicted of the data rule they break (the store's verdicts come before the suite's own), with
+replays that keep failing;
 the store's own verdicts on fixed cases; bad input refused naming the parameter.
 """
 
@@ -15,8 +16,9 @@ from tree_meta import assert_convicted, outcomes, run
 from kvoracle.conformance.engines.prefix_tree_store import PagedReferenceTree, PagedTreeStore
 from kvoracle.conformance.prefix_tree import MAMBA_RULES, WINDOW_RULES, ReferencePrefixTree, TreeSetup
 from kvoracle.gpu import torch
+from kvoracle.spec import data_integrity as data_spec
 
-DATA_RULES = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004")
+DATA_RULES = ("KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004", "KV-DATA-007")
 
 
 def test_the_reference_in_the_store_passes_every_rule_with_data_checks():
@@ -25,11 +27,10 @@ def test_the_reference_in_the_store_passes_every_rule_with_data_checks():
     assert result.ok, found
     assert found.pop("KV-TREE-009") == "not-applicable"
     assert found.pop("KV-TREE-029") == "not-applicable"  # page recency: its window KV's order is KV-TREE-028
-    for rule_id in MAMBA_RULES:  # the store keeps no states: the wrapper has no state component
-        assert found.pop(rule_id) == "not-applicable"
     assert set(found.values()) == {"pass"}, found
-    # The window component is the reference's: the window rules are judged, window KV in the store.
-    for rule_id in (*DATA_RULES, *(r for r in WINDOW_RULES if r != "KV-TREE-029")):
+    # The window and state components are the reference's: their rules are judged, window KV and states
+    # in the store.
+    for rule_id in (*DATA_RULES, *(r for r in WINDOW_RULES if r != "KV-TREE-029"), *MAMBA_RULES):
         outcome = result.verdicts.outcomes[rule_id]
         assert outcome.outcome == "pass" and outcome.checks > 0, (rule_id, outcome.outcome, outcome.checks)
     assert result.verdicts.outcomes["KV-DATA-005"].not_applicable  # vLLM's null block: not a tree's rule
@@ -54,6 +55,17 @@ class SaltlessRunner(PagedReferenceTree):
     def forward(self, handle, namespace, tokens, slots, start):
         super().forward(handle, 0, tokens, slots, start)
         self.held[handle].namespace = namespace  # what the request itself expects to read
+
+
+class StaleStateRunner(PagedReferenceTree):
+    """The recurrent layers never fold a request's computed tokens into its state: an insertion's state
+    slot gets the state the request resumed from (its hit's, or its namespace's seed)."""
+
+    name = "paged-stale-state-runner"
+
+    def request_state(self, handle, namespace, tokens):
+        resumed = self.resumed.get(handle)
+        return resumed[3] if resumed is not None else data_spec.prefix_seed(None)
 
 
 class LastWindowRunner(PagedReferenceTree):
@@ -113,6 +125,7 @@ class PagedEvictFreesParent(PagedTreeStore):
     (PagedNamespaceLeak, "KV-DATA-001"),
     (PagedEvictFreesParent, "KV-DATA-004"),
     (LastWindowRunner, "KV-DATA-004"),
+    (StaleStateRunner, "KV-DATA-007"),
 ], ids=lambda value: getattr(value, "name", value))
 def test_broken_runner_or_tree_in_the_store_is_convicted_of_its_data_rule(broken, rule_id):
     assert_convicted(broken, rule_id)
@@ -215,3 +228,30 @@ def test_a_hit_reads_its_windows_kv_from_the_window_slots():
     store.store.write(1, torch.tensor([slots[2]]), torch.tensor([0]), torch.tensor([store._values(0, (1, 2, 3))[2]]))
     store.store.write(1, torch.tensor([slots[0]]), torch.tensor([0]), torch.tensor([99]))
     assert store._check_hit(2, 0, (1, 2, 3, 9), 3, slots)[0][1]
+
+
+def test_a_hit_reads_its_state_from_the_state_slot_and_a_stale_slot_is_a_state_data_fault():
+    """With a state component the insertion's state slot gets the state after its key, a hit reads the
+    state slot at its end back (KV-DATA-007), and the request's next insertion folds its own tokens into
+    what it read."""
+    store = PagedReferenceTree()
+    store.configure(TreeSetup(1, 8, (), states=3))
+    _served(store, 1, (1, 2))
+    slot = store.inner.state_slot_of[(0, (1, 2))]
+    want = data_spec.state_after(data_spec.prefix_seed(None), (1, 2), 0)
+    assert int(store.store.values[store.state_group][slot, 0]) == want
+    assert store.match(2, 0, (1, 2, 3))[0] == 2 and store.inner.state_slot(2) == slot and _failed(store) == []
+    # Someone writes into the hit's state slot: the next lookup reads another state, and the page the
+    # cache holds with that state no longer holds the state after its tokens.
+    store.store.write(store.state_group, torch.tensor([slot]), torch.tensor([0]), torch.tensor([99]))
+    assert store.match(3, 0, (1, 2, 3))[0] == 2
+    failed = _failed(store)
+    assert [rule_id for rule_id, _ in failed] == ["KV-DATA-007", "KV-DATA-007"], failed
+    assert f"state slot {slot} to resume from" in failed[0][1] and "page [1, 2]" in failed[1][1]
+    # A request resuming from that wrong state writes a wrong state after its own tokens too.
+    store.lock(3)
+    own = store.alloc(1)
+    store.forward(3, 0, (1, 2, 3), (*store.found[3][2], *own), 2)
+    store.insert(3, 0, (1, 2, 3), (*store.found[3][2], *own))
+    written = store.inner.state_slot_of[(0, (1, 2, 3))]
+    assert int(store.store.values[store.state_group][written, 0]) == data_spec.state_after(99, (1, 2, 3), 2)

@@ -143,6 +143,7 @@ TESTED = {
     "data_integrity.cached_block_intact",
     "data_integrity.null_block_unwritten",
     "data_integrity.first_relied_position",
+    "data_integrity.state_after", "data_integrity.first_wrong_state",
     # External store: tests/test_external_store_spec.py.
     "external_store.local_eagle_groups",
     "external_store.store_eagle_groups",
@@ -813,6 +814,35 @@ def test_block_and_null_block_checks(values: list[int], index: int) -> None:
         assert not data_integrity.cached_block_intact(expected, tuple(changed))
     assert data_integrity.null_block_unwritten((data_integrity.UNWRITTEN,) * len(values)) is True
     assert data_integrity.null_block_unwritten(expected) == all(v == data_integrity.UNWRITTEN for v in values)
+
+
+@given(tokens=st.lists(st.integers(0, 5), max_size=8), split=st.integers(0, 8), salt=st.sampled_from([None, "s"]))
+def test_a_state_is_its_prefixs_last_slot_value_and_resuming_changes_nothing(
+        tokens: list[int], split: int, salt: str | None) -> None:
+    """KV-DATA-007's stand-in recurrence: the state after a prefix is the slot value of its last token,
+    and folding the tokens past ``split`` into the state after the first ``split`` gives the same state as
+    running from the start; a state read wrong stays wrong."""
+    from kvoracle.spec import data_integrity
+    seed = data_integrity.prefix_seed(salt)
+    whole = data_integrity.state_after(seed, tuple(tokens), 0)
+    values = data_integrity.extend_prefix_values((), tokens, salt)
+    assert whole == (values[-1] if tokens else seed)
+    split = min(split, len(tokens))
+    resumed = data_integrity.state_after(data_integrity.state_after(seed, tuple(tokens[:split]), 0),
+                                         tuple(tokens), split)
+    assert resumed == whole
+    if split < len(tokens):
+        assert data_integrity.state_after(seed ^ 2, tuple(tokens), split) != whole
+
+
+@given(expected=st.lists(st.integers(-3, 3), max_size=5), index=st.integers(0, 4))
+def test_first_wrong_state_finds_the_first_slot_that_differs(expected: list[int], index: int) -> None:
+    from kvoracle.spec import data_integrity
+    assert data_integrity.first_wrong_state(tuple(expected), tuple(expected)) == -1
+    if expected:
+        changed = list(expected)
+        changed[index % len(changed)] += 1
+        assert data_integrity.first_wrong_state(tuple(expected), tuple(changed)) == index % len(changed)
 
 
 @given(kind=st.sampled_from(["full", "sliding_window", "chunked_local"]), param=st.integers(1, 9),

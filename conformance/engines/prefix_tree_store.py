@@ -41,6 +41,23 @@ to, where the chapter's window rules say the cache keeps it:
 - every page the cache lists with window KV holds the page's prefix there (KV-DATA-004); a page
   without it (a tombstone) is not read.
 
+A cache with a state component (a hybrid model's recurrent layers, ``state_component``:
+SGLang's Mamba component) keeps one state per page that holds one, in a state slot of a pool of its
+own; the wrapper keeps a group for them, indexed by state slot, and plays the runner's part of the
+recurrent layers (KV-DATA-007):
+
+- ``match``: the hit hands its request the state slot at the hit's last page (the inner adapter's
+  ``state_slot(handle)``: the slot SGLang's copy-on-write copies from); the wrapper reads it and
+  compares it with the state after the request's first ``hit`` tokens, and the request resumes
+  from what it read (the state after its namespace's seed where it hit nothing);
+- ``insert``: the inner adapter calls the wrapper (its ``state_writer``) with the state slot it gives
+  the cache, and the wrapper writes there the request's state after the insertion's key (its first
+  ``floor(n / P) * P`` tokens), as SGLang's ``prepare_for_caching_req`` copies it: the state the
+  request resumed from with the tokens past its hit folded in (spec ``state_after``), so that a
+  state read wrong stays wrong;
+- ``observe``: every page the cache lists with a state holds, in its state slot
+  (``PageView.state_slot``), the state after the page's tokens.
+
 The value written for a token is spec ``slot_value`` chained from a seed that covers the
 namespace (:func:`namespace_salt`), so that equal tokens in two namespaces never hold equal
 values. The checks share their reading code with the vLLM-shaped wrapper
@@ -48,7 +65,8 @@ values. The checks share their reading code with the vLLM-shaped wrapper
 
 Built-in engines of the prefix-tree suite: ``paged-reference`` (:class:`PagedReferenceTree`),
 ``paged-sglang``, ``paged-sglang-unified``, ``paged-sglang-unified-rust``,
-``paged-sglang-unified-swa`` and ``paged-sglang-unified-swa-rust`` (SGLang's caches,
+``paged-sglang-unified-swa``, ``paged-sglang-unified-swa-rust``, ``paged-sglang-unified-mamba`` and
+``paged-sglang-unified-mamba-rust`` (SGLang's caches,
 ``scripts/install_sglang.sh``). Importing this module needs torch (``kvoracle.gpu``).
 """
 
@@ -134,6 +152,16 @@ class PagedTreeStore:
                             "window slot behind each full slot) to run in a paged KV store")
         #: The window of the configuration (0: none).
         self.window = 0
+        #: A state component is the inner cache's; the wrapper is the runner that writes its states.
+        self.state_component = bool(getattr(inner, "state_component", False))
+        if self.state_component:
+            if not callable(getattr(inner, "state_slot", None)) or not hasattr(inner, "state_writer"):
+                raise TypeError(f"{self.name}: an adapter with a state component needs state_slot(handle) and a "
+                                "state_writer attribute (and PageView.state_slot) to run in a paged KV store")
+            inner.state_writer = self._write_given_state
+        #: The state slots of the configuration (0: no state component); the store's group for them.
+        self.states = 0
+        self.state_group = -1
         self._reset()
 
     def _reset(self) -> None:
@@ -144,6 +172,13 @@ class PagedTreeStore:
         self.pending: list[Check] = []
         #: (namespace, tokens) -> the slot value of every position (spec ``extend_prefix_values``).
         self.values: dict[tuple[int, tuple[int, ...]], tuple[int, ...]] = {}
+        #: handle -> (namespace, tokens looked up, the hit, the state read from the hit's state slot):
+        #: what the request's recurrent layers resume from.
+        self.resumed: dict[int, tuple[int, tuple[int, ...], int, int]] = {}
+        #: The state the runner writes into the state slot the insertion under way gives the cache.
+        self.state_to_give: int = data_spec.UNWRITTEN
+        #: A state value -> the prefix it is the state after (for the messages).
+        self.state_names: dict[int, tuple[int, tuple[int, ...]]] = {}
 
     # -- forwarded ---------------------------------------------------------------------------------
     def version(self) -> str:
@@ -158,8 +193,14 @@ class PagedTreeStore:
         # Slot indices of every allocator here lie below capacity + one page (SGLang's start at 1,
         # or at page 1: slot 0 is its padding slot); an index past the store has no slot.
         self.window = setup.window if self.window_component else 0
+        self.states = setup.states if self.state_component else 0
         groups = (1, 1) if self.window else (1,)
-        self.store = PagedKVStore(setup.num_pages * setup.page_size + setup.page_size, groups, self.device)
+        if self.states:
+            self.state_group, groups = len(groups), (*groups, 1)
+        # State slots lie below states + 1 (SGLang's Mamba allocator hands out 1 .. states: slot 0 is its
+        # padding slot too).
+        self.store = PagedKVStore(max(setup.num_pages * setup.page_size + setup.page_size, self.states + 1), groups,
+                                  self.device)
         self._reset()
 
     def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, Sequence[int]]:
@@ -167,6 +208,8 @@ class PagedTreeStore:
         slots = tuple(int(s) for s in slots)
         self.found[handle] = (namespace, tuple(tokens[:hit]), slots)
         self.pending.extend(self._check_hit(handle, namespace, tuple(tokens), hit, slots))
+        if self.states:
+            self.pending.extend(self._resume(handle, namespace, tuple(tokens), hit))
         return hit, slots
 
     def lock(self, handle: int) -> None:
@@ -191,9 +234,11 @@ class PagedTreeStore:
             del self.held[handle]
 
     def insert(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> int:
-        prefix = self.inner.insert(handle, namespace, tokens, slots)
         assert self.setup is not None and self.store is not None
         size = self.setup.page_size
+        if self.states:
+            self.state_to_give = self.request_state(handle, namespace, tuple(tokens)[:len(tokens) // size * size])
+        prefix = self.inner.insert(handle, namespace, tokens, slots)
         pages = {(page.namespace, tuple(page.tokens)): tuple(page.slots) for page in self.inner.observe().pages}
         path: list[int] = []
         for end in range(size, len(tokens) // size * size + 1, size):
@@ -223,6 +268,87 @@ class PagedTreeStore:
 
     def evict_window(self, num_tokens: int) -> int:
         return self.inner.evict_window(num_tokens)  # type: ignore[attr-defined]
+
+    def evict_states(self, num_states: int) -> int:
+        return self.inner.evict_states(num_states)  # type: ignore[attr-defined]
+
+    # -- the recurrent layers' states (KV-DATA-007) -------------------------------------------------
+    def _resume(self, handle: int, namespace: int, tokens: tuple[int, ...], hit: int) -> list[Check]:
+        """The request under ``handle`` resumes from the state slot its hit hands it: read it, and judge
+        it against the state after the hit's tokens (KV-DATA-007)."""
+        assert self.store is not None
+        if hit <= 0:
+            self.resumed[handle] = (namespace, tokens, 0, data_spec.prefix_seed(namespace_salt(namespace)))
+            return []
+        slot = self.inner.state_slot(handle)  # type: ignore[attr-defined]
+        found = self._read_states([slot])[0]
+        self.resumed[handle] = (namespace, tokens, hit, found)
+        want = self._state_of(namespace, tokens[:hit])
+        if data_spec.first_wrong_state((want,), (found,)) == -1:
+            return [(data_spec.KV_DATA_007, True, "")]
+        return [(data_spec.KV_DATA_007, False, (
+            f"a lookup under handle {handle} (namespace {namespace}) hit {hit} tokens and hands its request "
+            + ("no state slot" if slot is None else f"state slot {slot}") + " to resume from, which "
+            + self._describe_state(found) + f", not the state after its first {hit} tokens "
+            f"{list(tokens[:hit][:16])}{' ...' if hit > 16 else ''}"))]
+
+    def request_state(self, handle: int, namespace: int, tokens: tuple[int, ...]) -> int:
+        """The request's recurrent state after ``tokens``: the state it resumed from, with the tokens
+        past its hit folded in (spec ``state_after``; a seam for the meta-tests' broken runners)."""
+        resumed = self.resumed.get(handle)
+        if resumed is None or resumed[0] != namespace or resumed[1][:resumed[2]] != tokens[:resumed[2]]:
+            resumed = (namespace, tokens, 0, data_spec.prefix_seed(namespace_salt(namespace)))
+        _, _, hit, state = resumed
+        return data_spec.state_after(state, tokens, min(hit, len(tokens)))
+
+    def _write_given_state(self, slot: int) -> None:
+        """The inner adapter gives the cache ``slot`` for the insertion under way: the runner writes
+        the request's state into it first."""
+        assert self.store is not None
+        row = torch.tensor([int(slot)], dtype=torch.int64, device=self.device)
+        self.store.write(self.state_group, row, torch.zeros(1, dtype=torch.int64, device=self.device),
+                         torch.tensor([self.state_to_give], dtype=torch.int64, device=self.device))
+
+    def _read_states(self, slots: Sequence[int | None]) -> list[int]:
+        """What each state slot holds (``None``, or a slot past the store: unwritten)."""
+        assert self.store is not None
+        known = [s if s is not None else -1 for s in slots]
+        if not known:
+            return []
+        row = torch.tensor(known, dtype=torch.int64, device=self.device)
+        values, _ = self.store.read(self.state_group, row, torch.arange(len(known), device=self.device))
+        return [int(v) for v in values.tolist()]
+
+    def _state_of(self, namespace: int, tokens: tuple[int, ...]) -> int:
+        """The state after ``tokens`` in ``namespace``: spec ``state_after`` from the namespace's seed,
+        which is the last token's slot value (read from the kept chain)."""
+        state = self._values(namespace, tokens)[-1] if tokens else data_spec.prefix_seed(namespace_salt(namespace))
+        self.state_names.setdefault(state, (namespace, tokens))
+        return state
+
+    def _describe_state(self, found: int) -> str:
+        if found == data_spec.UNWRITTEN:
+            return "was never written"
+        named = self.state_names.get(found)
+        if named is None:
+            return "holds a state after no prefix kvoracle knows"
+        namespace, tokens = named
+        return f"holds the state after {list(tokens[:16])}{' ...' if len(tokens) > 16 else ''} (namespace {namespace})"
+
+    def _check_states(self, view: TreeView) -> Check:
+        """KV-DATA-007: every page the cache lists with a state holds, in its state slot, the state
+        after the page's tokens."""
+        pages = [page for page in view.pages if page.state]
+        want = tuple(self._state_of(page.namespace, tuple(page.tokens)) for page in pages)
+        found = tuple(self._read_states([page.state_slot for page in pages]))
+        wrong = data_spec.first_wrong_state(want, found)
+        if wrong == -1:
+            return (data_spec.KV_DATA_007, True, "")
+        page = pages[wrong]
+        slot = "no state slot" if page.state_slot is None else f"state slot {page.state_slot}"
+        return (data_spec.KV_DATA_007, False, (
+            f"the cache holds page {list(page.tokens)} (namespace {page.namespace}) with a state in {slot}, which "
+            f"{self._describe_state(found[wrong])}, not the state after the page's tokens"))
 
     def window_slots(self, slots: Sequence[int]) -> tuple[int, ...]:
         """The window slot behind each of ``slots``, as the inner cache maps them now
@@ -273,6 +399,8 @@ class PagedTreeStore:
         checks.append(self._check_pages(view))
         if self.window:
             checks.append(self._check_pages(view, WINDOW_GROUP))
+        if self.states:
+            checks.append(self._check_states(view))
         return attrs.evolve(view, data_checks=tuple(checks))
 
     # -- the values and the checks -----------------------------------------------------------------
@@ -450,3 +578,26 @@ class PagedSGLangUnifiedSWARust(PagedTreeStore):
         from .sglang_swa import SGLangUnifiedSWARust
 
         super().__init__(SGLangUnifiedSWARust())
+
+
+class PagedSGLangUnifiedMamba(PagedTreeStore):
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA, Python tree core) in a paged KV store: its
+    state slots written and read too (KV-DATA-007)."""
+
+    name = "paged-sglang-unified-mamba"
+
+    def __init__(self) -> None:
+        from .sglang_mamba import SGLangUnifiedMamba
+
+        super().__init__(SGLangUnifiedMamba())
+
+
+class PagedSGLangUnifiedMambaRust(PagedTreeStore):
+    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA, Rust tree core) in a paged KV store."""
+
+    name = "paged-sglang-unified-mamba-rust"
+
+    def __init__(self) -> None:
+        from .sglang_mamba import SGLangUnifiedMambaRust
+
+        super().__init__(SGLangUnifiedMambaRust())

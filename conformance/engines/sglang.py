@@ -85,10 +85,13 @@ class SGLangRadixCache:
 
     # -- the protocol ------------------------------------------------------------------------------
     def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
-        result = self.cache.match_prefix(self.api.MatchPrefixParams(key=self.key(namespace, tokens)))
+        result = self.cache.match_prefix(self.match_params(handle, namespace, tokens))
         node = result.last_device_node
         self.found[handle] = node
         return int(result.device_prefix_len), tuple(int(s) for s in self.cache.path_device_indices(node).tolist())
+
+    def match_params(self, handle: int, namespace: int, tokens: Sequence[int]) -> Any:
+        return self.api.MatchPrefixParams(key=self.key(namespace, tokens))
 
     def lock(self, handle: int) -> None:
         node = self.found[handle]
@@ -134,9 +137,11 @@ class SGLangRadixCache:
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             namespace = namespace_of(key.extra_key)
             windowed, state = self.node_windowed(node), self.node_state(node)
+            state_slot = self.node_state_slot(node) if state else None
             for start in range(0, len(tokens), size):
+                last = start + size >= len(tokens)
                 pages.append(PageView(namespace, before + tokens[:start + size], slots[start:start + size],
-                                      int(locks), windowed, state and start + size >= len(tokens)))
+                                      int(locks), windowed, state and last, state_slot if last else None))
             stack.extend((child, before + tokens) for child in node.children.values())
         return tuple(pages)
 
@@ -147,6 +152,10 @@ class SGLangRadixCache:
     def node_state(self, node: Any) -> bool:
         """Whether a radix node holds a state at its end (a cache without a state component: never)."""
         return False
+
+    def node_state_slot(self, node: Any) -> int | None:
+        """The state slot of a radix node's state (a cache without a state component: none)."""
+        return None
 
     def node_parts(self, node: Any) -> tuple[Any, Any, int]:
         """A radix node's key (a ``RadixKey``), its slots (a tensor, ``None`` when it holds none) and

@@ -23,9 +23,17 @@ radix node it ends holds a MAMBA value (SGLang keeps one state per node, at its 
   evicts; requests hold no state slot between steps (a running request's own state and its copy of
   the hit's state, ``cow_mamba``, are not modelled);
 - ``evict_states(n)``: ``evict(EvictParams(mamba_num=n))``, answering ``mamba_num_evicted``;
-- ``observe``: the tree as ``sglang-unified`` reads it, with each node's MAMBA value; the Mamba
-  allocator's ``available_size`` as the free state slots; ``mamba_evictable_size`` and
-  ``mamba_protected_size`` as the cache's account.
+- ``observe``: the tree as ``sglang-unified`` reads it, with each node's MAMBA value (its state slot,
+  ``PageView.state_slot``); the Mamba allocator's ``available_size`` as the free state slots;
+  ``mamba_evictable_size`` and ``mamba_protected_size`` as the cache's account.
+
+For a paged KV store around it (KV-DATA-007, ``paged-sglang-unified-mamba``), the adapter names the
+state slots SGLang hands over: ``match`` asks for the copy-on-write of the hit's state, as the
+scheduler does for a hybrid model (``MatchPrefixParams.cow_mamba``), for a request that holds a state
+slot already, so that ``finalize_match_result_in_cache`` allocates nothing and only names the slot to
+copy from (``req.kv.mamba_cow_src_index``, :meth:`state_slot`); ``insert`` hands the slot
+``_alloc_mamba_slot`` gave to :attr:`state_writer` before the cache takes it, where SGLang's
+``prepare_for_caching_req`` copies the request's state into it.
 """
 
 from __future__ import annotations
@@ -63,6 +71,10 @@ class SGLangUnifiedMamba(SGLangUnifiedRadixCache):
             self.mamba_params = Mamba2CacheParams(shape=shape, layers=[0])
         self.pool: Any = None
         self.states = 0
+        #: The store's runner (KV-DATA-007): called with the state slot an insertion gives the cache.
+        self.state_writer: Any = None
+        #: handle -> the state slot its last match's copy-on-write reads (``None``: no state to copy).
+        self.resume_slots: dict[int, int | None] = {}
 
     # -- building ----------------------------------------------------------------------------------
     def configure(self, setup: TreeSetup) -> None:
@@ -78,6 +90,7 @@ class SGLangUnifiedMamba(SGLangUnifiedRadixCache):
                                     enable_memory_saver=False, cache_params=self.mamba_params, mamba_layer_ids=[0],
                                     enable_mamba_extra_buffer=setup.page_size > 1, speculative_num_draft_tokens=0)
         super().configure(setup)
+        self.resume_slots = {}
 
     def cache_params(self, allocator: Any, page_size: int) -> Any:
         return self.api.CacheInitParams(disable=False, req_to_token_pool=self.pool,
@@ -92,9 +105,29 @@ class SGLangUnifiedMamba(SGLangUnifiedRadixCache):
         return self.cache.components[self.mamba]
 
     # -- the protocol ------------------------------------------------------------------------------
+    def match_params(self, handle: int, namespace: int, tokens: Sequence[int]) -> Any:
+        params = super().match_params(handle, namespace, tokens)
+        # A request that already holds a state slot of its own (``holds_mamba``): the copy-on-write
+        # then only names the hit's slot, and the state slots the suite counts stay the cache's.
+        self.cow_request = types.SimpleNamespace(session=None, kv=types.SimpleNamespace(holds_mamba=True))
+        params.cow_mamba, params.req = True, self.cow_request
+        return params
+
+    def match(self, handle: int, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
+        answer = super().match(handle, namespace, tokens)
+        source = getattr(self.cow_request.kv, "mamba_cow_src_index", None)
+        self.resume_slots[handle] = None if source is None else int(source.view(-1)[0])
+        return answer
+
+    def state_slot(self, handle: int) -> int | None:
+        """The state slot the last match under ``handle`` copies its request's state from."""
+        return self.resume_slots.get(handle)
+
     def insert_params(self, handle: int, namespace: int, tokens: Sequence[int], slots: Sequence[int]) -> Any:
         params = super().insert_params(handle, namespace, tokens, slots)
         params.mamba_value = self.component._alloc_mamba_slot()
+        if self.state_writer is not None:
+            self.state_writer(int(params.mamba_value.view(-1)[0]))
         self.state_params = params
         return params
 
@@ -110,6 +143,14 @@ class SGLangUnifiedMamba(SGLangUnifiedRadixCache):
 
     def node_state(self, node: Any) -> bool:
         return node.component(self.mamba).value is not None
+
+    def node_state_slot(self, node: Any) -> int | None:
+        value = node.component(self.mamba).value
+        return None if value is None else int(value.view(-1)[0])
+
+    def state_slot_of_node(self, node_id: int) -> int | None:
+        value = self.cache.tree_core.get_component_device_value(node_id, self.mamba)
+        return None if value is None else int(value.view(-1)[0])
 
     def observe(self) -> TreeView:
         return TreeView(self.pages(), int(self.cache.evictable_size()), int(self.cache.protected_size()),

@@ -175,12 +175,18 @@ class SGLangUnifiedRustCore(SGLangUnifiedRadixCache):
                 raise RuntimeError(f"unexpected line in the Rust tree core's pretty_print: {line!r}")
             node_id, locks, full, windowed = int(match[2]), int(match[4]), match[5], match[6] != "no"
             state = match[7] == "yes"
+            state_slot = self.state_slot_of_node(node_id) if state else None
             if node_id == root:
                 continue
             value = core.get_component_device_value(node_id, self.full) if full == "yes" else None
             slots = () if value is None else tuple(int(s) for s in value.tolist())
             for start in range(size - 1, len(slots), size):
                 namespace, tokens = self.inserted.get(slots[start], (0, ()))
+                last = start + 1 == len(slots)
                 pages.append(PageView(namespace, tokens, slots[start - size + 1:start + 1], locks, windowed,
-                                      state and start + 1 == len(slots)))
+                                      state and last, state_slot if last else None))
         return tuple(pages)
+
+    def state_slot_of_node(self, node_id: int) -> int | None:
+        """The state slot of a node's state, by node id (a cache without a state component: none)."""
+        return None
