@@ -194,6 +194,24 @@ def test_mamba_takes_the_last_aligned_state(use_eagle: bool) -> None:
     assert len(ids) == 10 and ids[:9] == (0,) * 9 and ids[9] != 0
 
 
+def test_a_coarse_mamba_group_turns_partial_hits_on_and_hits_end_inside_its_block() -> None:
+    """KV-MAMBA-019/020: vLLM turns its fine-grained partial hits on for a Mamba block of four hash
+    blocks beside full attention at the hash block; a partial entry seeded with vLLM's own
+    ``cache_partial_block`` is a hit inside the block, at every bound alike with the reference."""
+    assert VllmHybridLookup().capabilities().mamba_partial_hits
+    prompt, engine, model = _both((FullAttentionSpec(2), MambaSpec(8)), 2, False, 27, [(True,) * 13, (True,)])
+    assert engine.manager.coordinator.enable_partial_hash_hits is True
+    assert engine.manager.coordinator._cache_hit_alignment_tokens == 2
+    for side in (engine, model):
+        side.seed_partial_entry(prompt, 1, 22)
+    hits = _agree_on_every_bound(prompt, engine, model)
+    assert {0, 8, 22} <= hits  # a page's positional key, and the partial entry inside the third block
+    got = engine.lookup(prompt)
+    assert got.num_tokens == 22 and got.block_ids[1][:2] == (0, 0) and len(got.block_ids[1]) == 3
+    for bound in range(len(prompt)):
+        assert engine.lookup_per_group(prompt, bound) == model.lookup_per_group(prompt, bound), bound
+
+
 def test_equal_specs_are_looked_up_together() -> None:
     """KV-HYB-002: two groups with one window spec hit only where both have the key."""
     specs = (FullAttentionSpec(2), SlidingWindowSpec(2, sliding_window=3), SlidingWindowSpec(2, sliding_window=3))

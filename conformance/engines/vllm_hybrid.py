@@ -16,7 +16,8 @@ How the kvoracle specs become vLLM's (``vllm.v1.kv_cache_interface``):
 * Mamba maps to ``MambaSpec`` with one state tensor per kvoracle shape and
   ``mamba_cache_mode="align"``: vLLM's ``MambaManager`` refuses prefix caching
   in any other mode, and in "align" mode its lookup is kvoracle's KV-MAMBA-001
-  (the rightmost cached block whose end is aligned, behind null blocks), with
+  (the rightmost cached block whose end is aligned, behind null blocks; with
+  partial hits on KV-MAMBA-020's, the last cached hash boundary), with
   the EAGLE drop ignored and no EAGLE margin (KV-MAMBA-002);
 * other kinds (MLA, sink, cross attention) are not translated: the hybrid
   suite does not generate them, and ``configure`` raises ``ValueError``.
@@ -25,12 +26,14 @@ Configuration kept off or fixed, because kvoracle does not specify it:
 
 * prefix-cache retention: ``prefix_cache_retention_interval=None`` (dense);
 * fine-grained partial hash hits: ``KVCacheManager`` has no switch for them
-  (``HybridKVCacheCoordinator`` is built with ``allow_partial_hash_hits=True``),
-  but vLLM turns them on only when a Mamba group in "align" mode has a block size
-  larger than the hash block size (``partial_hash_hits_enabled``). kvoracle's
-  ``HybridConfig`` rejects exactly that (KV-MAMBA-003), so they are off in every
-  configuration the suite builds; ``configure`` checks the coordinator's flag and
-  refuses to go on if vLLM turned them on anyway;
+  (``HybridKVCacheCoordinator`` is built with ``allow_partial_hash_hits=True``);
+  vLLM turns them on by itself where an align-mode Mamba group's block is larger
+  than the hash block and every other group can follow
+  (``partial_hash_hits_enabled``), the models the suite generates for an engine
+  claiming ``mamba_partial_hits`` (KV-MAMBA-019). The adapter leaves that decision
+  to vLLM and the lookups show it; ``seed_partial_entry`` leaves a partial entry
+  with ``BlockPool.cache_partial_block``, the call vLLM's ``MambaManager`` keys a
+  producer's tail with (KV-MAMBA-021), on a page taken from the pool and freed;
 * EAGLE: ``use_eagle`` from the config, with no group flagged ``is_eagle_group``,
   so vLLM flags every group (its fallback), as kvoracle's spec does;
 * KV-cache events, metrics, prompt logprobs, connectors, DCP/PCP: unused.
@@ -45,10 +48,11 @@ hit and the block ids are the same as with finer hashes; only the reference's
 coordinator applies no EAGLE margin -- the suite never builds a one-group
 EAGLE configuration.
 
-The adapter also offers the suite's two optional observations (and claims their
-capabilities): ``uncached_common_prefix_tokens()``, the coordinator's third result for the
-last lookup (KV-HYB-008), recovered from the ``shared_prefix_boundary`` that
-``get_computed_blocks`` returns (the hit plus that result, or 0 when it is 0); and
+The adapter also offers the suite's optional operations and claims their
+capabilities (``seed_partial_entry`` above, where the release has partial hits):
+``uncached_common_prefix_tokens()``, the coordinator's third result for the last lookup
+(KV-HYB-008), recovered from the ``shared_prefix_boundary`` that ``get_computed_blocks``
+returns (the hit plus that result, or 0 when it is 0); and
 ``lookup_per_group()``, the hybrid coordinator's ``find_longest_cache_hit_per_group``
 (KV-HYB-011), which vLLM has only with two or more KV-cache groups (the unitary
 coordinator has none, and the suite asks for it only there).
@@ -79,7 +83,7 @@ from ..adapter import Lookup
 from ..harness.capabilities import Capabilities
 from ..hybrid_lookup import PerGroupLookup
 from . import EngineLoadError
-from .vllm import INSTALL_HINT, _load_vllm, computed_blocks, free_order, new_manager, new_request
+from .vllm import INSTALL_HINT, _load_vllm, computed_blocks, free_order, mamba_align, new_manager, new_request
 from .vllm_api import call, takes
 
 _HYBRID: SimpleNamespace | None = None
@@ -183,9 +187,14 @@ class VllmHybridLookup:
         # results) and releases before 0.28 have no per-group lookup.
         v = self.vllm
         declared = str(inspect.signature(v.KVCacheManager.get_computed_blocks).return_annotation)
+        # Partial hits: a coordinator that decides them and a pool that keys an entry inside a block.
+        partial = (hasattr(v.HybridKVCacheCoordinator, "enable_partial_hash_hits")
+                   and hasattr(v.BlockPool, "cache_partial_block"))
         return Capabilities(uncached_prefix_tokens=declared.count("int") >= 2, free_order=free_order(v),
                             per_group_lookup=hasattr(v.HybridKVCacheCoordinator,
-                                                     "find_longest_cache_hit_per_group"))
+                                                     "find_longest_cache_hit_per_group"),
+                            kv_cache_groups=True, mamba_align=mamba_align(),
+                            mamba_partial_hits=partial and mamba_align())
 
     # -- configuration -------------------------------------------------------------------
     def configure(self, config: HybridConfig) -> None:
@@ -202,9 +211,6 @@ class VllmHybridLookup:
                                    scheduler_block_size=config.scheduler_block_size,
                                    hash_block_size=self.hash_block_size, enable_caching=True,
                                    use_eagle=config.use_eagle)
-        if getattr(self.manager.coordinator, "enable_partial_hash_hits", False):
-            raise ValueError("vLLM enabled fine-grained partial hash hits for this configuration; "
-                             "kvoracle does not specify them (KV-MAMBA-003)")
         self._hasher = v.utils.get_request_block_hasher(self.hash_block_size, v.sha256)
         self.config = config
 
@@ -240,6 +246,14 @@ class VllmHybridLookup:
                 if not cached:
                     pool._maybe_evict_cached_block(block)
         pool.free_blocks(reversed(blocks))  # a finished request: table tail first
+
+    def seed_partial_entry(self, prompt_tokens: Sequence[int], group_id: int, num_tokens: int) -> None:
+        assert self.config is not None
+        pool = self.manager.block_pool
+        page = pool.get_new_blocks(1)[0]
+        pool.cache_partial_block(request=self.request(prompt_tokens), block=page, num_tokens=num_tokens,
+                                 kv_cache_group_id=group_id, block_size=self.config.kv_cache_specs[group_id].block_size)
+        pool.free_blocks([page])
 
     def lookup(self, prompt_tokens: Sequence[int], max_cache_hit_length: int | None = None) -> Lookup:
         blocks, num_tokens, shared_prefix_boundary = computed_blocks(
