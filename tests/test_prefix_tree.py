@@ -94,7 +94,8 @@ def test_engines_are_registered_and_sglang_is_imported_lazily():
     assert set(engines) == {"reference", "sglang", "sglang-unified", "sglang-unified-rust", "paged-reference",
                             "paged-sglang", "paged-sglang-unified", "paged-sglang-unified-rust", "sglang-unified-swa",
                             "sglang-unified-swa-rust", "paged-sglang-unified-swa", "paged-sglang-unified-swa-rust",
-                            "sglang-unified-mamba", "sglang-unified-mamba-rust"}
+                            "sglang-unified-mamba", "sglang-unified-mamba-rust", "paged-sglang-unified-mamba",
+                            "paged-sglang-unified-mamba-rust"}
     assert builtin_engines()["paged-reference"] == ["manager", "prefix-tree"]
     assert engine_factory("reference", get_suite("prefix-tree")) is ReferencePrefixTree
     assert "prefix-tree" in builtin_engines()["sglang"]
