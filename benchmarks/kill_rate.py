@@ -28,6 +28,7 @@ slowest conviction) and exits 1 when a mutant survives a seed.
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import re
@@ -48,6 +49,8 @@ SUITES = ("manager", "hybrid", "external-store")
 
 #: A rule the runner reports with its counterexample (the line it prints for a conviction).
 _REPORTED = re.compile(r"^\s+(?:failure|engine error)(?: \(flaky\))?: (KV-[A-Z]+-\d{3}) ")
+#: The line after a shrunk (or unshrunk) counterexample's: its length in steps.
+_LENGTH = re.compile(r"^\s+(?:shrunk to|not shrunk:) (\d+) steps")
 
 
 class _Killed(BaseException):
@@ -103,13 +106,21 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
             reported: list[str] = []
             ignored = set(baseline.get(suite, ()))
 
-            def progress(message: str, reported: list[str] = reported, ignored: set = ignored) -> None:
+            def progress(message: str, reported: list[str] = reported, ignored: set = ignored,
+                         suite: str = suite) -> None:
+                if row["killed"]:  # the conviction's line came last: this one may give its length
+                    length = _LENGTH.match(message)
+                    if length:
+                        row["steps"] = int(length.group(1))
+                    raise _Killed(row["rule"])
                 match = _REPORTED.match(message)
                 if match:
                     reported.append(match.group(1))
                     if mutant and match.group(1) not in ignored:
-                        row["message"] = message.strip()
-                        raise _Killed(match.group(1))
+                        # CPU time too: this process's own, which other work on the machine does not use up.
+                        row.update(killed=True, rule=match.group(1), suite=suite, message=message.strip(),
+                                   convicted_s=round(time.perf_counter() - start, 2),
+                                   convicted_cpu_s=round(time.process_time() - cpu_start, 2))
 
             # The rules the unmutated engine fails too are expected failures here, so that under
             # fail_fast they do not end the suite before the mutant's own failure.
@@ -118,15 +129,13 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
             try:
                 result = run_suite("vllm", options, progress=progress, expectations=expected, suite=suite,
                                    observer=Detection(row, ignored, start, cpu_start) if mutant else None)
-            except _Killed as killed:
-                # CPU time too: this process's own, which other work on the machine does not use up.
-                row.update(killed=True, rule=str(killed), suite=suite,
-                           convicted_s=round(time.perf_counter() - start, 2),
-                           convicted_cpu_s=round(time.process_time() - cpu_start, 2))
+            except _Killed:
                 break
             except EngineLoadError as error:
                 row["failing"][suite] = f"unsupported: {error}"
                 continue
+            if row["killed"]:  # convicted by the run's last line
+                break
             row["failing"][suite] = sorted(r for r, o in result.verdicts.outcomes.items()
                                            if o.outcome in ("fail", "error"))
             if result.abandoned:
@@ -245,6 +254,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-fast", action="store_true", help="run the suites as `kvoracle check --fail-fast`")
     parser.add_argument("--shrink-calls", type=int, default=500, help="as `kvoracle check --shrink-calls`")
     parser.add_argument("--json", type=Path, help="write every row here")
+    parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own process")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the unmutated run (every reported rule but the zoo's known bugs counts as a kill)")
@@ -273,17 +283,24 @@ def main(argv: list[str] | None = None) -> int:
     for suite, rules in known_bugs().items():
         baseline[suite] = sorted(set(baseline.get(suite, ())) | rules)
     print(f"not counted as kills: {baseline}", flush=True)
-    rows: list[dict] = []
     for key in keys:
-        mutant = MUTANTS[key]
-        if mutant.equivalent:
-            print(f"{key:<44} equivalent: {mutant.equivalent}", flush=True)
-            continue
-        for row in _spawn(key, args.seeds, args, baseline):
-            rows.append(row)
-            what = (f"killed by {row['rule']} ({row['suite']}) in {row['convicted_s']} s" if row["killed"]
-                    else f"ERROR {row['error']}" if "error" in row else "SURVIVED")
+        if MUTANTS[key].equivalent:
+            print(f"{key:<44} equivalent: {MUTANTS[key].equivalent}", flush=True)
+    running = [key for key in keys if not MUTANTS[key].equivalent]
+
+    def one_mutant(key: str) -> list[dict]:
+        found = _spawn(key, args.seeds, args, baseline)
+        for row in found:
+            what = (f"killed by {row['rule']} ({row['suite']}) in {row['convicted_cpu_s']} s of CPU"
+                    if row["killed"] else f"ERROR {row['error']}" if "error" in row else "SURVIVED")
             print(f"{key:<44} seed {row['seed']}: {what}", flush=True)
+        return found
+
+    # Each mutant runs in child processes of its own, whose verdicts count calls, not clocks:
+    # running several at once (--jobs) changes no verdict. It lengthens the wall times; the CPU
+    # times, each process's own, only by what sharing caches and cores costs.
+    with concurrent.futures.ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        rows = [row for found in pool.map(one_mutant, running) for row in found]
     table, good = summarize(rows, MUTANTS)
     print()
     print(table)
