@@ -126,3 +126,40 @@ def test_the_cache_has_both_components_and_the_state_slots_asked_for(page_size):
     assert cache.cache.enable_mamba_extra_buffer == (page_size > 1)
     with pytest.raises(ValueError, match="states"):
         cache.configure(TreeSetup(1, 8, (PROMPT,)))
+
+
+def test_sglang_builds_all_three_components_and_window_eviction_takes_the_states_with_it():
+    """What docs/results/sglang-mamba.md says about FULL+SWA+MAMBA, which the suite does not judge yet (no
+    rule states the cascade, and the reference tree refuses both components): SGLang builds the cache over
+    both tree cores, and on the Python core evicting an inner node's window KV drops its state too."""
+    from kvoracle.conformance.engines.sglang_swa import SGLangUnifiedSWA
+
+    class AllThree(SGLangUnifiedMamba, SGLangUnifiedSWA):
+        name = "sglang-unified-swa-mamba"
+
+        def cache_params(self, allocator, page_size):
+            return self.api.CacheInitParams(
+                disable=False, req_to_token_pool=self.pool, token_to_kv_pool_allocator=allocator, page_size=page_size,
+                eviction_policy=self.eviction_policy, sliding_window_size=self.window,
+                tree_components=(self.full, self.swa, self.mamba), enable_mamba_extra_buffer=page_size > 1,
+                tree_core_backend=self.tree_core_backend)
+
+    for backend in ("python", "rust"):
+        cache = AllThree()
+        cache.tree_core_backend = backend
+        cache.configure(TreeSetup(1, 8, (), window=1, states=5))
+        assert cache.cache.tree_components == (cache.full, cache.swa, cache.mamba)
+    cache = AllThree()
+    cache.configure(TreeSetup(1, 8, (), window=1, states=5))
+    for handle, tokens in ((1, PROMPT), (2, PROMPT[:2])):  # states after [1, 2, 3, 4], then [1, 2]
+        hit, slots = cache.match(handle, 0, tokens)
+        cache.lock(handle)
+        cache.insert(handle, 0, tokens, (*slots, *cache.alloc(len(tokens) - hit)))
+        cache.unlock(handle)
+    flags = {page.tokens: (page.windowed, page.state) for page in cache.pages()}
+    assert flags[(1, 2)] == (True, True) and flags[PROMPT] == (True, True)
+    evicted = cache.cache.evict(cache.api.EvictParams(swa_num_tokens=3))
+    flags = {page.tokens: (page.windowed, page.state) for page in cache.pages()}
+    # The leaf [4] goes whole; the inner node [1, 2] keeps its full KV and loses its window KV and its state.
+    assert PROMPT not in flags and flags[(1, 2)] == (False, False)
+    assert evicted.mamba_num_evicted == 2
