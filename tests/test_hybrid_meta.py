@@ -90,7 +90,9 @@ def test_hybrid_replay_file_is_a_runnable_pytest_module(tmp_path) -> None:
 #: within these (contracts off, as an engine author's run of a foreign engine would judge it).
 #: Not every seed finds every adapter within this budget (docs/results.md): the seeds are
 #: fixed ones that do, so that a weaker generator shows here as a failure.
-CLI_SEEDS = {"EagleDropEveryPass": "1"}
+#: (Seeds 9 and 2 since partial-hit models joined the generation and moved the draws of models with a
+#: Mamba group: seed 0 then found neither the wide window nor the forgotten trim in a round.)
+CLI_SEEDS = {"EagleDropEveryPass": "1", "SwaWindowNotMinusOne": "9", "TrimFirstFullOnly": "2"}
 CLI_MAX_EXAMPLES = "150"
 CLI_MAX_ROUNDS = "4"
 
