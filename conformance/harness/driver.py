@@ -16,6 +16,8 @@ import re
 from collections.abc import Callable
 from typing import Any
 
+import icontract
+
 from kvoracle.spec.contracts import is_suspended
 
 from .calls import EngineCaller, EngineError
@@ -130,6 +132,9 @@ class Driver:
             return
         except RuleViolation as failed:
             found = failed
+        except icontract.ViolationError as broken:  # kvoracle's own contract: its bug, never the engine's
+            self.verdicts.broken_contracts.append(f"{type(broken).__name__}: {broken}")
+            raise
         self.verdicts.failed(found.rule_id)  # a failed check noted it already; an engine error not
         self.dead = True
         if self.capture_picture:
@@ -137,7 +142,11 @@ class Driver:
         found.steps = list(self.steps)
         example = Counterexample(found.rule_id, found.message, found.steps, found.is_engine_error,
                                  suite=self.suite_name, shrunk=not found.hung)
-        if not is_suspended():  # an example the reference's contracts did not check is no evidence
+        # A check that failed while kvoracle's contracts were suspended (a shrink) is no evidence
+        # until an example with them on fails it too. An engine's own failure (it raised, hung,
+        # exited) is its own whatever the reference said: kept, so that one seen only while
+        # shrinking and not seen again is still charged as the engine's flakiness.
+        if found.is_engine_error or not is_suspended():
             self.verdicts.first_seen.setdefault(found.rule_id, example)
         if found.rule_id in self.verdicts.suppressed:
             return

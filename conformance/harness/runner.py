@@ -432,6 +432,14 @@ def _record_round_failures(error: BaseException, verdicts: Verdicts, seen_before
         say(f"  {kind}{' (flaky)' if flaky else ''}: {violation.rule_id} -- {violation.message}")
         say(f"  {'shrunk to' if example.shrunk else 'not shrunk:'} {len(example.steps)} steps")
     internal = []
+    if verdicts.broken_contracts and not any(type(other).__name__ == "ViolationError" for other in others):
+        # A contract of kvoracle's broke on an example Hypothesis then reported as something else
+        # (inconsistent data generation: the contract held there while the shrink ran without it).
+        internal.append(f"{verdicts.broken_contracts[-1]} (reported by Hypothesis as "
+                        f"{', '.join(type(other).__name__ for other in others) or 'nothing'})")
+        result.internal_errors.append(internal[-1])
+        say(f"  internal error: {internal[-1]}")
+    verdicts.broken_contracts.clear()
     for other in others:
         if engine_flaky and isinstance(other, Flaky):
             for rule_id in sorted(set(verdicts.first_seen) - seen_before - verdicts.suppressed):

@@ -174,6 +174,10 @@ class Verdicts:
         #: The first (unshrunk) failing step list seen for each rule, kept in case shrinking
         #: another rule's failure was the only time this rule failed.
         self.first_seen: dict[str, Counterexample] = {}
+        #: kvoracle's own contracts that failed in a step (its bugs), as their messages: Hypothesis
+        #: may report such a failure as inconsistent data generation instead, when the contract held
+        #: on the same example while it shrank (:mod:`.shrinking`), so the runner names it from here.
+        self.broken_contracts: list[str] = []
         #: The run's clock (``time.perf_counter``) starts with its verdicts; None: not timed.
         self.started: float | None = time.perf_counter()
 
