@@ -258,6 +258,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
     parser.add_argument("--no-baseline", action="store_true",
                         help="skip the unmutated run (every reported rule but the zoo's known bugs counts as a kill)")
+    parser.add_argument("--baseline-from", metavar="JSON",
+                        help="the rules that are no kills, per suite, as a JSON object (a run prints them; "
+                             "`baseline` in its --json file): skips the unmutated run")
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
@@ -273,7 +276,10 @@ def main(argv: list[str] | None = None) -> int:
     if not keys:
         parser.error("no mutant matches --mutants")
     baseline: dict[str, list[str]] = {}
-    if not args.no_baseline:
+    if args.baseline_from:
+        # The unmutated run's failing rules, as an earlier run of the same tree printed them.
+        baseline = json.loads(args.baseline_from)
+    elif not args.no_baseline:
         # The rules the unmutated engine fails (the store's named divergences) are no kill, nor
         # are the zoo's real bugs of the installed release: the unmutated run of the first seed
         # need not reach them, and another seed's mutant run may.
