@@ -256,18 +256,23 @@ class PrefixTree:
     def match(self, namespace: int, tokens: Sequence[int]) -> tuple[int, tuple[int, ...]]:
         """The hit of ``tokens`` in ``namespace`` and its slots; stamps what it covers.
 
-        With a window or states, the held pages past the hit are not stamped; a segment the held prefix
-        ends inside is split there and its rest stamped (SGLang's split of the node the walk
-        parts from, which stamps the node's rest)."""
+        With a window or states, the whole segments of the held prefix past the hit are not stamped; a
+        segment the held prefix ends inside is split there and both parts are stamped, the pages up to
+        the held end and the rest (SGLang's split of the node the walk parts from: the new node that
+        takes the part up to the split is created with a fresh stamp, and the rest is stamped)."""
         keys = self.page_keys(namespace, tokens)
         hit, held = self.hit_of(namespace, tokens)
         path = keys[:hit // self.page_size]
         self._stamp(path)
         if held > hit and self.recency == spec.SEGMENT_RECENCY:
-            rest = self.segment_rest(keys[held // self.page_size - 1])
-            for key in rest:
-                self.pages[key].stamp = self.clock
+            end = keys[held // self.page_size - 1]
+            rest = self.segment_rest(end)
             if rest:
+                head = [end]
+                while not self.pages[head[0]].starts_segment and self.parent(head[0]) is not None:
+                    head.insert(0, self.parent(head[0]))
+                for key in head + rest:
+                    self.pages[key].stamp = self.clock
                 self.pages[rest[0]].starts_segment = True
         if self.window and path:
             self._stamp_window(path)

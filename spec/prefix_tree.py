@@ -234,10 +234,18 @@ KV_TREE_009 = rule(
     "Least recently used segments go first (segment recency)",
     """For an engine that keeps recency per stored segment (tree_recency = "segment": SGLang's radix
     nodes): a lookup or insertion stamps every segment it enters, the pages past its end included, and
-    splits the segment where it ends; an insertion's new pages form one new segment. The pages evict(n)
-    removes are whole segments and the first pages of the leaf-first LRU order over those stamps.""",
+    splits the segment where it ends; an insertion's new pages form one new segment. A lookup whose hit
+    ends before its held prefix (a window or a state component: KV-TREE-017, KV-TREE-023) stamps the
+    segments of its hit and, of the rest of the held prefix, only the segment the held prefix ends
+    inside, which it splits at the held end and stamps both parts of; the whole segments between keep
+    their stamps. The pages evict(n) removes are whole segments and the first pages of the leaf-first
+    LRU order over those stamps.""",
     source=f"{RADIX} RadixCache._match_prefix_helper / _insert_helper (last_access_time set on the "
-           "child before _split_node), RadixCache.evict (whole leaf nodes)",
+           "child before _split_node), RadixCache.evict (whole leaf nodes); "
+           "sglang/srt/mem_cache/unified_cache/unified_tree_core.py (SGLang 0.5.23) "
+           "UnifiedTreeCore._match_post_processor (the "
+           "path from best_match_node up), _split_node (the new node's stamp at creation, "
+           "child.last_access_time)",
     chapter=CHAPTER,
     judged_by=SUITE,
 )

@@ -163,3 +163,17 @@ def test_sglang_builds_all_three_components_and_window_eviction_takes_the_states
     # The leaf [4] goes whole; the inner node [1, 2] keeps its full KV and loses its window KV and its state.
     assert PROMPT not in flags and flags[(1, 2)] == (False, False)
     assert evicted.mamba_num_evicted == 2
+
+
+#: Found at seed 2 (paged-sglang-unified-mamba, 300 examples), shrunk by hand: a lookup whose hit the states cut
+#: short (hit 0) and whose full-KV match ends inside a node splits it, and SGLang's split stamps both parts (the
+#: new node is created fresh, the rest re-stamped). The ns-0 path is then younger than the ns-1 one, and the
+#: last request's eviction removes it first (KV-TREE-009's statement for a hit shorter than its held prefix).
+SPLIT_CASE = [TreeSetup(1, 8, ((0, 0, 2, 0, 0), (0, 0, 0), (0, 0, 0, 0), (0, 0, 0, 0, 0)), states=5),
+              Serve(1, 1), Serve(2, 2), Peek(3, 0), Serve(4, 2, 1), Peek(5, 0, 0, 1), Peek(6, 1, 1), EvictStates(4),
+              Serve(7, 3, 2)]
+
+
+@pytest.mark.parametrize("engine", REAL, ids=["python", "rust"])
+def test_a_lookup_cut_short_by_the_states_stamps_both_parts_of_the_node_it_splits(engine):
+    replay("prefix-tree", engine, SPLIT_CASE)
