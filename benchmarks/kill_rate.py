@@ -35,6 +35,7 @@ import re
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -294,12 +295,26 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{key:<44} equivalent: {MUTANTS[key].equivalent}", flush=True)
     running = [key for key in keys if not MUTANTS[key].equivalent]
 
+    def write(rows: list[dict], complete: bool) -> None:
+        if args.json:
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
+                                             "fail_fast": args.fail_fast, "shrink_calls": args.shrink_calls,
+                                             "seeds": args.seeds, "complete": complete, "rows": rows},
+                                            indent=1) + "\n")
+
+    finished: list[dict] = []
+    lock = threading.Lock()
+
     def one_mutant(key: str) -> list[dict]:
         found = _spawn(key, args.seeds, args, baseline)
         for row in found:
             what = (f"killed by {row['rule']} ({row['suite']}) in {row['convicted_cpu_s']} s of CPU"
                     if row["killed"] else f"ERROR {row['error']}" if "error" in row else "SURVIVED")
             print(f"{key:<44} seed {row['seed']}: {what}", flush=True)
+        with lock:  # written as it goes: a run cut short keeps the rows of its finished mutants
+            finished.extend(found)
+            write(finished, complete=False)
         return found
 
     # Each mutant runs in child processes of its own, whose verdicts count calls, not clocks:
@@ -310,11 +325,7 @@ def main(argv: list[str] | None = None) -> int:
     table, good = summarize(rows, MUTANTS)
     print()
     print(table)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
-                                         "fail_fast": args.fail_fast, "shrink_calls": args.shrink_calls,
-                                         "rows": rows}, indent=1) + "\n")
+    write(rows, complete=True)
     return 0 if good else 1
 
 
