@@ -25,7 +25,9 @@ from kvoracle.spec import all_rules
 
 GOOD = {"pass", "not-applicable"}
 #: The data-integrity chapter's rules (KV-DATA).
-DATA_RULES = tuple(rule.id for rule in all_rules() if rule.chapter == "data_integrity")
+#: The data rules the manager suite judges (KV-DATA-007, a tree's state slots, is the prefix-tree suite's).
+DATA_RULES = tuple(rule.id for rule in all_rules()
+                   if rule.chapter == "data_integrity" and "manager" in rule.judged_by)
 #: The align-mode Mamba state pages' rules, judged in the same store (tests/test_paged_mamba.py).
 MAMBA_STATE_RULES = ("KV-MAMBA-014", "KV-MAMBA-015")
 
