@@ -306,9 +306,8 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
     then one block, so the loop can stop on any block and a Mamba group can answer one
     block past the candidate, KV-MAMBA-002), and prompts of several aligned blocks. With
     ``partial_hits`` (an engine claiming ``mamba_partial_hits``), two models in three of several
-    groups that have a Mamba group, no chunked local one and no group set up finer than the
-    alignment turn vLLM's fine-grained partial hits on (KV-MAMBA-019); a model that cannot
-    turn them on draws exactly what it drew without them.
+    groups that have a Mamba group and no chunked local one turn vLLM's fine-grained partial hits on
+    (KV-MAMBA-019); a model that cannot turn them on draws exactly what it drew without them.
     """
     hash_size = draw(st.sampled_from([1, 1, 2, 4]), label="hash_block_size")
     eagle = draw(st.booleans(), label="use_eagle")
@@ -332,7 +331,6 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
         # where the alignment is the Mamba block: every group at the hash block size.
         for draft in drafts:
             draft[1] = hash_size
-    finer = False  # whether a group is set up finer than the alignment (below)
     if count == 2 and draw(st.integers(0, 2), label="full_and_other") > 0:
         # Full attention and one other group: the loop's single pass
         # (KV-HYB-005), in which the other group alone decides the hit -- a Mamba group
@@ -347,7 +345,6 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
             # (KV-SWA-005, KV-MAMBA-001); later passes would hide it behind an aligned group.
             drafts[1][1] = hash_size
             drafts[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="coarse full")
-            finer = True
         if eagle and drafts[1][0] == spec.SLIDING_WINDOW and draw(st.booleans(), label="window_1"):
             # With EAGLE a window of 1 is where the single pass decides the answer: a pass
             # more would look the verified window up again without its drop (KV-HYB-005).
@@ -369,20 +366,17 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
         # an aligned boundary, and a short run is rounded down (KV-SWA-005).
         windows[0][1] = hash_size
         coarse[0][1] = max(coarse[0][1], 2 * hash_size)
-        finer = True
         kept = [windows[0], coarse[0]]
     spare = [d for d in drafts if not any(d is k for k in kept)]
     if not eagle and spare and all(d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(
             st.integers(0, 2), label="chunked_group") == 0:
         spare[-1][0] = spec.CHUNKED_LOCAL  # its null blocks before the chunk start (KV-CHUNK-001)
     mambas = [d for d in drafts if d[0] == spec.MAMBA]
-    if partial_hits and mambas and len(drafts) > 1 and not finer and all(
-            d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(st.integers(0, 2), label="partial hits") > 0:
+    if partial_hits and mambas and len(drafts) > 1 and all(d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(
+            st.integers(0, 2), label="partial hits") > 0:
         # A Mamba block of 2 or 4 hash blocks turns partial hits on where every other group can
         # follow (KV-MAMBA-019); kvoracle specifies them with every other group at the hash block
         # (KV-MAMBA-003), which a chunked local group, at the scheduler block (KV-CHUNK-003), is not.
-        # Not a model set up with a group finer than the alignment (``finer``): that one is for the
-        # finer group's own alignment rules (KV-MAMBA-001, KV-SWA-005).
         for draft in drafts:
             draft[1] = hash_size
         mambas[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="Mamba block in hash blocks")
