@@ -14,9 +14,11 @@ from __future__ import annotations
 import inspect
 from collections.abc import Sequence
 
+import attrs
 from broken_loop import broken_fixed_point
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
+from kvoracle.conformance.harness.capabilities import Capabilities
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 from kvoracle.reference import KVCacheManager
 from kvoracle.reference.block import KVCacheBlock
@@ -108,7 +110,18 @@ class _MambaAnyBlock(_GapCoordinator):
         return super().finder(kind, cached, bound, size, param, drop, alignment)
 
 
-class MambaIgnoresAlignment(ReferenceHybridLookup):
+class _NoPartialHitModels(ReferenceHybridLookup):
+    """A lookup adapter that claims no fine-grained partial Mamba hits, so that no partial-hit model
+    is drawn: these engines break KV-MAMBA-001 and KV-SWA-005, which partial-hit models judge as
+    KV-MAMBA-020 (their Mamba group's finder), and their one-round seed-0 searches were measured on
+    the draws without them (with them, seed 0 charged KV-MAMBA-020 / KV-HYB-002 first).
+    tests/test_hybrid_partial.py judges the lookup on partial-hit models."""
+
+    def capabilities(self) -> Capabilities:
+        return attrs.evolve(super().capabilities(), mamba_partial_hits=False)
+
+
+class MambaIgnoresAlignment(_NoPartialHitModels):
     name = "broken-mamba-ignores-alignment"
     coordinator_class = _MambaAnyBlock
 
@@ -164,7 +177,7 @@ class _WindowUnaligned(_GapCoordinator):
         return super().finder(kind, cached, bound, size, param, drop, alignment)
 
 
-class SwaIgnoresAlignment(ReferenceHybridLookup):
+class SwaIgnoresAlignment(_NoPartialHitModels):
     name = "broken-swa-ignores-alignment"
     coordinator_class = _WindowUnaligned
 
