@@ -320,11 +320,9 @@ RustPathPagesReversed = _on_rust(UnifiedPathPagesReversed)
 
 def in_store(broken: type) -> type:
     """``broken`` in the paged KV store (conformance/engines/prefix_tree_store.py)."""
-    from kvoracle.conformance.engines.prefix_tree_store import PagedTreeStore
+    from kvoracle.conformance.engines.prefix_tree_store import paged_tree_store
 
-    return type(f"Paged{broken.__name__}", (PagedTreeStore,), {
-        "__doc__": broken.__doc__, "name": f"paged-{broken.name}",
-        "__init__": lambda self: PagedTreeStore.__init__(self, broken())})
+    return paged_tree_store(f"Paged{broken.__name__}", f"paged-{broken.name}", broken.__doc__, broken, __name__)
 
 
 #: Each broken cache in the paged store and the data rule it must be convicted of (the store's

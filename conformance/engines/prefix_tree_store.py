@@ -72,7 +72,8 @@ Built-in engines of the prefix-tree suite: ``paged-reference`` (:class:`PagedRef
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import importlib
+from collections.abc import Callable, Sequence
 
 import attrs
 
@@ -514,90 +515,50 @@ class PagedTreeStore:
             f"{what}"))
 
 
-class PagedReferenceTree(PagedTreeStore):
-    """kvoracle's reference prefix tree and page allocator in a paged KV store."""
-
-    name = "paged-reference"
-
-    def __init__(self) -> None:
-        from ..prefix_tree import ReferencePrefixTree
-
-        super().__init__(ReferencePrefixTree())
+def paged_tree_store(class_name: str, name: str, doc: str | None,
+                     make_inner: Callable[[], PrefixTreeAdapter], module: str = __name__) -> type[PagedTreeStore]:
+    """An engine class: the tree adapter ``make_inner()`` builds, in a paged KV store, named ``name``
+    (``module:class_name`` is what ``--engine`` and the engine registry load)."""
+    return type(class_name, (PagedTreeStore,), {
+        "__doc__": doc, "__module__": module, "__qualname__": class_name, "name": name,
+        "__init__": lambda self: PagedTreeStore.__init__(self, make_inner())})
 
 
-class PagedSGLangRadixCache(PagedTreeStore):
-    """SGLang 0.5.23's ``RadixCache`` (``--engine sglang``) in a paged KV store."""
-
-    name = "paged-sglang"
-
-    def __init__(self) -> None:
-        from .sglang import SGLangRadixCache
-
-        super().__init__(SGLangRadixCache())
+def _adapter(module: str, adapter: str) -> Callable[[], PrefixTreeAdapter]:
+    """Builds ``adapter`` of ``module`` (relative to this package), imported only then: SGLang loads
+    where its engine is asked for, never when this module is."""
+    return lambda: getattr(importlib.import_module(module, __package__), adapter)()
 
 
-class PagedSGLangUnified(PagedTreeStore):
-    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, Python tree core) in a paged KV store."""
-
-    name = "paged-sglang-unified"
-
-    def __init__(self) -> None:
-        from .sglang_unified import SGLangUnifiedRadixCache
-
-        super().__init__(SGLangUnifiedRadixCache())
-
-
-class PagedSGLangUnifiedRust(PagedTreeStore):
-    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, Rust tree core) in a paged KV store."""
-
-    name = "paged-sglang-unified-rust"
-
-    def __init__(self) -> None:
-        from .sglang_unified import SGLangUnifiedRustCore
-
-        super().__init__(SGLangUnifiedRustCore())
-
-
-class PagedSGLangUnifiedSWA(PagedTreeStore):
-    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + SWA, Python tree core) in a paged KV store."""
-
-    name = "paged-sglang-unified-swa"
-
-    def __init__(self) -> None:
-        from .sglang_swa import SGLangUnifiedSWA
-
-        super().__init__(SGLangUnifiedSWA())
-
-
-class PagedSGLangUnifiedSWARust(PagedTreeStore):
-    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + SWA, Rust tree core) in a paged KV store."""
-
-    name = "paged-sglang-unified-swa-rust"
-
-    def __init__(self) -> None:
-        from .sglang_swa import SGLangUnifiedSWARust
-
-        super().__init__(SGLangUnifiedSWARust())
-
-
-class PagedSGLangUnifiedMamba(PagedTreeStore):
-    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA, Python tree core) in a paged KV store: its
-    state slots written and read too (KV-DATA-007)."""
-
-    name = "paged-sglang-unified-mamba"
-
-    def __init__(self) -> None:
-        from .sglang_mamba import SGLangUnifiedMamba
-
-        super().__init__(SGLangUnifiedMamba())
-
-
-class PagedSGLangUnifiedMambaRust(PagedTreeStore):
-    """SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA, Rust tree core) in a paged KV store."""
-
-    name = "paged-sglang-unified-mamba-rust"
-
-    def __init__(self) -> None:
-        from .sglang_mamba import SGLangUnifiedMambaRust
-
-        super().__init__(SGLangUnifiedMambaRust())
+PagedReferenceTree = paged_tree_store(
+    "PagedReferenceTree", "paged-reference", "kvoracle's reference prefix tree and page allocator in a paged KV store.",
+    _adapter("..prefix_tree", "ReferencePrefixTree"))
+PagedSGLangRadixCache = paged_tree_store(
+    "PagedSGLangRadixCache", "paged-sglang",
+    "SGLang 0.5.23's ``RadixCache`` (``--engine sglang``) in a paged KV store.",
+    _adapter(".sglang", "SGLangRadixCache"))
+PagedSGLangUnified = paged_tree_store(
+    "PagedSGLangUnified", "paged-sglang-unified",
+    "SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, Python tree core) in a paged KV store.",
+    _adapter(".sglang_unified", "SGLangUnifiedRadixCache"))
+PagedSGLangUnifiedRust = paged_tree_store(
+    "PagedSGLangUnifiedRust", "paged-sglang-unified-rust",
+    "SGLang 0.5.23's ``UnifiedRadixCache`` (FULL, Rust tree core) in a paged KV store.",
+    _adapter(".sglang_unified", "SGLangUnifiedRustCore"))
+PagedSGLangUnifiedSWA = paged_tree_store(
+    "PagedSGLangUnifiedSWA", "paged-sglang-unified-swa",
+    "SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + SWA, Python tree core) in a paged KV store.",
+    _adapter(".sglang_swa", "SGLangUnifiedSWA"))
+PagedSGLangUnifiedSWARust = paged_tree_store(
+    "PagedSGLangUnifiedSWARust", "paged-sglang-unified-swa-rust",
+    "SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + SWA, Rust tree core) in a paged KV store.",
+    _adapter(".sglang_swa", "SGLangUnifiedSWARust"))
+PagedSGLangUnifiedMamba = paged_tree_store(
+    "PagedSGLangUnifiedMamba", "paged-sglang-unified-mamba",
+    "SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA, Python tree core) in a paged KV store: its "
+    "state slots written and read too (KV-DATA-007).",
+    _adapter(".sglang_mamba", "SGLangUnifiedMamba"))
+PagedSGLangUnifiedMambaRust = paged_tree_store(
+    "PagedSGLangUnifiedMambaRust", "paged-sglang-unified-mamba-rust",
+    "SGLang 0.5.23's ``UnifiedRadixCache`` (FULL + MAMBA, Rust tree core) in a paged KV store.",
+    _adapter(".sglang_mamba", "SGLangUnifiedMambaRust"))
