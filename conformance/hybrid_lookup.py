@@ -74,10 +74,15 @@ cdiv(L, B) of them for a hit of L tokens. On top of the checks above:
 
 * a Mamba group's entries that no such lookup gives are KV-MAMBA-020 (not KV-MAMBA-001);
 * a wrong hit, uncached count or per-group answer that is exactly that of a lookup whose Mamba
-  groups read only their pages' positional keys is KV-MAMBA-020; one that is exactly that of a
-  lookup with partial hits off (aligned to the scheduler block size) and not the former is
-  KV-MAMBA-019 -- the alignment shows apart from the Mamba keys where a group other than Mamba
-  answers on its own, in the per-group lookup and the uncached count.
+  groups read only their pages' positional keys, and not that of a lookup with partial hits off
+  (aligned to the scheduler block size), is KV-MAMBA-020; one that is exactly the latter's and not
+  the former's is KV-MAMBA-019. As with the other named loops, an answer both give could be either
+  bug and falls to the general rule (KV-HYB-003, KV-HYB-008, KV-HYB-011), which names both. A
+  hybrid hit seldom tells them apart -- with the Mamba keys inside a block ignored a hit ends on a
+  Mamba block, which is the scheduler block -- so the two show apart where a group answers on its
+  own: in the per-group lookup and the uncached count. For a wrong hit with both signatures the
+  lookup's third result (``uncached_prefix_tokens``) is read with it, as part of its whole answer:
+  a signature whose loop counts otherwise is dropped.
 
 The spec's loop is also compared with :func:`~kvoracle.spec.hybrid.declarative_hit`:
 where they differ the named divergence (KV-SWA-010, KV-HYB-009, or KV-SWA-003 for
@@ -452,6 +457,8 @@ class HybridDriver(Driver):
         #: What the last lookups answered, for the picture: name -> (step number, what was asked,
         #: the reference's answer, the engine's).
         self.answers: dict[str, tuple] = {}
+        #: The engine's third result of the step's lookup, once read (:meth:`_lookup_uncached`).
+        self.uncached_got: int | None = None
 
     def _HybridSetup(self, step: HybridSetup) -> None:
         self.setup = step
@@ -485,6 +492,7 @@ class HybridDriver(Driver):
                         rule="KV-SWA-010" if swa_fine_eagle else None)
         want = self.model.lookup(prompt, step.max_cache_hit_length)
         self.answers["lookup"] = (len(self.steps), step, want, got)
+        self.uncached_got = None
         spec_in = self._judge(prompt, step, got, want)
         # The optional observations, once the lookup itself passed (KV-HYB-011, KV-HYB-008). The
         # per-group lookups first: they show each group's finder directly, so a finder's own
@@ -494,6 +502,13 @@ class HybridDriver(Driver):
             self._judge_per_group(prompt, step, spec_in)
         if self.verdicts.applicable("KV-HYB-008"):
             self._judge_uncached(spec_in, got)
+
+    def _lookup_uncached(self) -> int:
+        """``uncached_prefix_tokens``: the engine's uncached common prefix tokens of this step's
+        lookup, asked once."""
+        if self.uncached_got is None:
+            self.uncached_got = self.call("uncached_common_prefix_tokens", rule="KV-HYB-008")
+        return self.uncached_got
 
     def picture(self) -> list[dict] | None:
         """The hit blocks per KV-cache group (null entries as block id 0) and the hit length of
@@ -616,7 +631,7 @@ class HybridDriver(Driver):
         exactly one other loop gives names that loop's rule, as a wrong hit does
         (KV-SWA-001, KV-HYB-005); any other is KV-HYB-008.
         """
-        got = self.call("uncached_common_prefix_tokens", rule="KV-HYB-008")
+        got = self._lookup_uncached()
         check = self.verdicts.check
         hit, _, uncached, _, _ = spec_in.loop
         self.answers["uncached"] = (len(self.steps), None, uncached, got)
@@ -633,9 +648,9 @@ class HybridDriver(Driver):
                                                                       "one full-attention and one other spec group"))
         if any(spec_in.fine):
             others += [(rule_id, getattr(spec_in, loop), False, what) for rule_id, loop, what in _PARTIAL_SIGNATURES]
-        matching = [] if got == uncached else _partial_named([
+        matching = [] if got == uncached else [
             rule_id for rule_id, loop, widen, _ in others
-            if loop is not None and loop[2] == got and spec_in.reproduces(loop, lookup, widen)])
+            if loop is not None and loop[2] == got and spec_in.reproduces(loop, lookup, widen)]
         for rule_id, _, _, what in others:
             check(rule_id, matching != [rule_id],
                   lambda what=what: f"{got} uncached common prefix tokens, the spec's {uncached}: the count "
@@ -644,7 +659,21 @@ class HybridDriver(Driver):
               lambda: f"{got} uncached common prefix tokens; the longest candidate a spec group answered "
                       f"in the spec's loop is {hit + uncached} tokens and the hit {hit}, so {uncached}; "
                       f"spec groups {list(spec_in.flat)}, cached "
-                      f"{[_flags(flags) for flags in spec_in.cached]}, bound {spec_in.bound}")
+                      f"{[_flags(flags) for flags in spec_in.cached]}, bound {spec_in.bound}"
+                      + _could_be(matching))
+
+    def _partial_told_apart(self, spec_in: _SpecInputs, matching: list[str]) -> list[str]:
+        """A wrong hit with both partial-hit signatures (KV-MAMBA-019, KV-MAMBA-020): where the
+        engine reports its uncached common prefix tokens, the lookup's third result is part of its
+        whole answer, so a signature whose loop counts otherwise is dropped -- the count shows the
+        full-attention group's own candidate, aligned to the hash block (KV-MAMBA-020's loop) or to
+        the scheduler block (KV-MAMBA-019's). An answer still both, or an engine without the
+        count, is left to the general rules."""
+        partial = {rule_id: getattr(spec_in, loop) for rule_id, loop, _ in _PARTIAL_SIGNATURES}
+        if sum(rule_id in partial for rule_id in matching) < 2 or not self.verdicts.applicable("KV-HYB-008"):
+            return matching
+        uncached = self._lookup_uncached()
+        return [rule_id for rule_id in matching if rule_id not in partial or partial[rule_id][2] == uncached]
 
     def _judge_per_group(self, prompt: Sequence[int], step: LookUp, spec_in: _SpecInputs) -> None:
         """KV-HYB-011: each spec group looked up alone, against the spec's per-group hits."""
@@ -659,8 +688,7 @@ class HybridDriver(Driver):
                       f"{len(got.num_tokens)} lengths; the config has {num_groups} groups")
         hits = spec.per_group_hits(spec_in.flat, spec_in.cached, spec_in.bound, spec_in.num_hashed,
                                    spec_in.alignment)
-        if any(spec_in.fine):
-            self._judge_per_group_partial(spec_in, got)
+        matching = self._judge_per_group_partial(spec_in, got) if any(spec_in.fine) else []
         for index, group in enumerate(coordinator.spec_groups):
             kind, size, param, eagle = spec_in.flat[index]
             bound = spec_in.bound
@@ -697,28 +725,31 @@ class HybridDriver(Driver):
                       f"{got.num_tokens[g]} tokens {list(entries)}; looked up alone at {bound} tokens"
                       f"{' with its EAGLE drop' if eagle else ''} it hits {hits[index]} tokens: {n} entries, "
                       f"{nulls} null (id {NULL_BLOCK_ID}) first; cached {_flags(spec_in.cached[index])}, "
-                      f"bound {spec_in.bound}")
+                      f"bound {spec_in.bound}" + _could_be(matching))
         check("KV-FULL-002", got.block_ids == want.block_ids,
               lambda: f"per-group hit block ids {[list(b) for b in got.block_ids]}; the reference's are "
                       f"{[list(b) for b in want.block_ids]}")
 
-    def _judge_per_group_partial(self, spec_in: _SpecInputs, got: PerGroupLookup) -> None:
+    def _judge_per_group_partial(self, spec_in: _SpecInputs, got: PerGroupLookup) -> list[str]:
         """Per-group lookups of a partial-hit model: an answer that is exactly that of each group
         looked up with the keys inside a Mamba block ignored names KV-MAMBA-020, one that is
         exactly that of each group looked up with partial hits off (aligned to the scheduler block
-        size) KV-MAMBA-019 -- the alignment shows here, in a full-attention group's own hit."""
+        size) KV-MAMBA-019 -- the alignment shows here, in a full-attention group's own hit. An
+        answer that is both is left to KV-HYB-011; the rules it could be are returned for its
+        message."""
         check = self.verdicts.check
         firsts = [group.group_ids[0] for group in spec_in.coordinator.spec_groups]
         answered = tuple((got.num_tokens[g], len(got.block_ids[g]), _null_pattern(got.block_ids[g]))
                          for g in firsts)
         wanted = spec_in.per_group_answer()
-        matching = [] if answered == wanted else _partial_named([
+        matching = [] if answered == wanted else [
             rule_id for rule_id, variant, _ in _PARTIAL_SIGNATURES
-            if answered == spec_in.per_group_answer(variant)])
+            if answered == spec_in.per_group_answer(variant)]
         for rule_id, _, what in _PARTIAL_SIGNATURES:
             check(rule_id, matching != [rule_id],
                   lambda what=what: f"per-group lookup: (hit, entries, leading nulls) per spec group "
                                     f"{list(answered)}, the spec's {list(wanted)}: {what}")
+        return matching
 
     def _judge_answer(self, spec_in: _SpecInputs, index: int, group_id: int, block_ids: Sequence[Sequence[int]],
                       got: Lookup | None = None, want: tuple[int, int] | None = None, context: str = "") -> bool:
@@ -792,7 +823,10 @@ class HybridDriver(Driver):
 
         def detail() -> str:
             what = {spec.SLIDING_WINDOW: f", window {param}", spec.CHUNKED_LOCAL: f", chunk {param}"}.get(kind, "")
-            return (f"{context}{kind} group {group_id} (block size {size}{what}{', EAGLE' if eagle else ''}, "
+            if spec_in.fine[index]:  # its entries are pages, its keys per hash block
+                what = f", looked up per hash block of {size}"
+            return (f"{context}{kind} group {group_id} (block size {spec_in.page_sizes[index]}{what}"
+                    f"{', EAGLE' if eagle else ''}, "
                     f"alignment {alignment}) answers {list(entries)}, cached {_flags(spec_in.cached[index])}; "
                     f"the spec's {'per-group lookup' if any_bound else 'loop'} wants {wanted} (entries, "
                     "leading nulls)")
@@ -839,9 +873,10 @@ class HybridDriver(Driver):
         if any(spec_in.fine):
             others += [(rule_id, lambda loop=loop: [(getattr(spec_in, loop), False)], lambda what=what: what)
                        for rule_id, loop, what in _PARTIAL_SIGNATURES]
-        matching = [] if hit == expected else _partial_named([
+        matching = [] if hit == expected else [
             rule_id for rule_id, loops, _ in others
-            if any(spec_in.reproduces(loop, got, widen) for loop, widen in loops())])
+            if any(spec_in.reproduces(loop, got, widen) for loop, widen in loops())]
+        matching = self._partial_told_apart(spec_in, matching)
         if matching in (["KV-HYB-015"], ["KV-SWA-001"]) and spec_in.reproduces(spec_in.capped_margin, got):
             # A look-ahead capped at the bound gives it too: KV-HYB-007's, below. (vLLM 0.22's
             # capped look-ahead matched the wide window's answer with a window of 1.)
@@ -853,9 +888,10 @@ class HybridDriver(Driver):
               lambda: f"hit {hit} is not an aligned length within the bound {bound}; {detail}")
         if eagle:
             check("KV-HYB-007", hit == expected,
-                  lambda: f"hit {hit} tokens with EAGLE; the spec's fixed point is {expected}; {detail}")
+                  lambda: f"hit {hit} tokens with EAGLE; the spec's fixed point is {expected}; {detail}"
+                          + _could_be(matching))
         check("KV-HYB-003", hit == expected,
-              lambda: f"hit {hit} tokens; the spec's fixed point is {expected}; {detail}")
+              lambda: f"hit {hit} tokens; the spec's fixed point is {expected}; {detail}" + _could_be(matching))
         # The engine answered the spec's loop. Where that loop is more conservative than the
         # declarative hit, the engine was checked against a named divergence.
         declarative = spec.declarative_hit(flat, cached, bound, alignment)
@@ -1078,14 +1114,10 @@ _PARTIAL_SIGNATURES = (
 )
 
 
-def _partial_named(matching: list[str]) -> list[str]:
-    """The named rules of a wrong answer, with KV-MAMBA-019 dropped where KV-MAMBA-020 names it
-    too: an answer that ignores the keys inside a Mamba block breaks KV-MAMBA-020 whatever the
-    alignment, and partial hits left off (KV-MAMBA-019) are named only where the alignment
-    shows apart from that (a group other than Mamba aligned to the scheduler block size)."""
-    if "KV-MAMBA-019" in matching and "KV-MAMBA-020" in matching:
-        return [rule_id for rule_id in matching if rule_id != "KV-MAMBA-019"]
-    return matching
+def _could_be(matching: Sequence[str]) -> str:
+    """For a general rule's message: the named rules whose signatures a wrong answer has, where
+    there are several (each could explain it, so none is charged)."""
+    return f" (the answer of several named bugs: it could be {' or '.join(matching)})" if len(matching) > 1 else ""
 
 
 #: Divergences of the spec's loop from the declarative hit, over a whole run (for the report).

@@ -114,7 +114,11 @@ class _NoPartialHitModels(ReferenceHybridLookup):
     """A lookup adapter that claims no fine-grained partial Mamba hits, so that no partial-hit model
     is drawn: these engines break KV-MAMBA-001 and KV-SWA-005, which partial-hit models judge as
     KV-MAMBA-020 (their Mamba group's finder), and their one-round seed-0 searches were measured on
-    the draws without them (with them, seed 0 charged KV-MAMBA-020 / KV-HYB-002 first).
+    the draws without them (with them, seed 0 charged KV-MAMBA-020 / KV-HYB-002 first). That
+    KV-MAMBA-020 is a true charge, not the suite mistaking a window's or a Mamba block's alignment
+    for a partial-hit bug: :class:`_GapCoordinator` answers a fine-grained Mamba group per hash block,
+    a null entry per hash block before the page instead of one per page (as
+    tests/broken_hybrid_partial_engines.py's NullPerHashUnit does), whichever piece it breaks.
     tests/test_hybrid_partial.py judges the lookup on partial-hit models."""
 
     def capabilities(self) -> Capabilities:

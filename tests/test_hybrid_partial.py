@@ -6,6 +6,12 @@ run of its own.
 The fixed cases share one model: full attention and a Mamba group of 4 hash blocks (h = 1), a
 13-token prompt, every full-attention block cached and the Mamba pages of 4 and 8 tokens, so the
 positional keys alone give a hit of 8.
+
+As everywhere in the suite, a wrong answer is charged to a named rule only where it has that rule's
+signature alone. A lookup that reads only the Mamba pages' positional keys (KV-MAMBA-020) and one
+with partial hits off (KV-MAMBA-019) often give the same hybrid hit -- both end it on a Mamba block
+-- and such an answer is charged to the general rule (KV-HYB-003) unless the lookup's uncached
+count, or a per-group lookup, tells them apart.
 """
 
 from __future__ import annotations
@@ -28,16 +34,27 @@ SEEDED = [HybridSetup(groups=(("full", 1, 0), ("mamba", 4, 0)), hash_block_size=
 BOUNDED = [*SEEDED, LookUp(0, 11)]
 #: A partial entry at 10 tokens: the hit is 10, two null pages and the entry's page.
 TAIL = [*SEEDED, SeedTail(0, 1, 10), LookUp(0)]
+#: The same at a bound of 11: still 10. Positional keys alone give 8 with the full-attention
+#: group's candidate at 11 (3 uncached tokens), partial hits off 8 with it at 8 (none).
+TAIL_BOUNDED = [*SEEDED, SeedTail(0, 1, 10), LookUp(0, 11)]
+#: Full attention cached for 9 tokens only: the hybrid hit is 8 whatever the Mamba keys, but the Mamba
+#: group's own hit is the partial entry's 10 (the full-attention group's own: 9, or 8 with partial
+#: hits off).
+BEYOND_THE_HIT = [SEEDED[0], Seed(0, 0, (T,) * 9), SEEDED[2], SeedTail(0, 1, 10), LookUp(0)]
 
 CASES = {
     "PartialHitsOff": BOUNDED,
-    "IgnoresKeysInsideBlock": TAIL,
+    "IgnoresKeysInsideBlock": TAIL_BOUNDED,
     "NullPerHashUnit": TAIL,
 }
+#: Seeds other than 0, with why: at seed 0 the first failure the one-round search finds for the
+#: lookup that ignores the keys inside a block is an answer partial hits left off gives too (KV-HYB-011,
+#: charged to neither rule); seed 3 finds one only KV-MAMBA-020 explains (40 examples, ~5 s).
+SEARCH_SEEDS = {"IgnoresKeysInsideBlock": 3}
 
 
 def test_the_cases_exercise_the_partial_rules_on_the_reference() -> None:
-    for steps in (BOUNDED, TAIL):
+    for steps in (BOUNDED, TAIL, TAIL_BOUNDED, BEYOND_THE_HIT):
         verdicts = replay("hybrid", ReferenceHybridLookup, steps)
         for rule_id in ("KV-MAMBA-019", "KV-MAMBA-020"):
             outcome = verdicts.outcomes[rule_id]
@@ -66,7 +83,25 @@ def test_broken_lookup_is_convicted_on_its_case(name: str) -> None:
     assert failure.value.rule_id == broken.EXPECTED[name], failure.value.message
 
 
+def test_a_lookup_ignoring_the_keys_inside_a_block_is_convicted_by_its_own_lookup_per_group() -> None:
+    """The hybrid hit and the uncached count are right; the Mamba group's own hit is 8, not 10."""
+    with pytest.raises(RuleViolation) as failure:
+        replay("hybrid", broken.IgnoresKeysInsideBlock, BEYOND_THE_HIT)
+    assert failure.value.rule_id == "KV-MAMBA-020", failure.value.message
+    assert "per-group lookup" in failure.value.message
+
+
+@pytest.mark.parametrize("name", ["IgnoresKeysInsideBlock", "PartialHitsOff"])
+def test_an_answer_both_partial_signatures_give_is_the_general_rules(name: str) -> None:
+    """On TAIL both broken lookups answer 8 with 4 uncached tokens (the full-attention group's
+    candidate, 12, is a Mamba block's end): either bug explains it, so neither rule is charged."""
+    with pytest.raises(RuleViolation) as failure:
+        replay("hybrid", getattr(broken, name), TAIL)
+    assert failure.value.rule_id == "KV-HYB-003", failure.value.message
+    assert "could be KV-MAMBA-020 or KV-MAMBA-019" in failure.value.message
+
+
 @pytest.mark.parametrize("name", sorted(broken.EXPECTED))
 def test_broken_lookup_is_found_by_the_suite(name: str, tmp_path) -> None:
-    failed = rules_found(search(getattr(broken, name), "hybrid", tmp_path))
+    failed = rules_found(search(getattr(broken, name), "hybrid", tmp_path, seed=SEARCH_SEEDS.get(name, 0)))
     assert broken.EXPECTED[name] in failed, failed
