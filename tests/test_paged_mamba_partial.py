@@ -6,14 +6,17 @@ whose first chunk stops at its last hash boundary, 20, where the partial tail is
 step moves the tail's key to a copy (KV-MAMBA-024), which must hold the state after 20 while the
 step overwrites the producer's page; a request sharing those 20 tokens resumes inside the block
 from a private copy (KV-MAMBA-023), which must hold that state when its first step reads it.
-Runners that skip the copies, or make them after the step's forward, are convicted.
+Runners that skip the copies, or make them after the step's forward, are convicted on these cases
+and found by the manager suite's own search.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import pytest
+from searches import rules_found, search
 
 from kvoracle.conformance.engines.paged_store import PagedReferenceEngine
 from kvoracle.conformance.harness.replay import replay
@@ -116,6 +119,17 @@ def test_a_runner_without_its_copies_in_time_is_convicted(broken: type[PagedRefe
         replay("hybrid-lifecycle", broken, AFTER_A_FREED_PRODUCER)
     assert caught.value.rule_id == "KV-MAMBA-026", caught.value.message
 
+
+
+@pytest.mark.parametrize("broken", [SkipsTheCopies, CopiesAfterTheForward], ids=lambda cls: cls.__name__)
+def test_a_runner_without_its_copies_in_time_is_found_by_the_suite(broken: type[PagedReferenceEngine],
+                                                                   tmp_path: Path) -> None:
+    # One round at seed 0, 150 examples: each is found and charged KV-MAMBA-015 (a moved or shared
+    # key's page without the state it names) in about 15 s of CPU; only the store's state rules are
+    # charged.
+    failed = rules_found(search(broken, "hybrid-lifecycle", tmp_path, max_rounds=1))
+    assert "KV-MAMBA-015" in failed and failed <= set(STATE_RULES), failed
+    assert list(tmp_path.glob("*.py")), "no replay file was written"
 
 def test_the_store_copies_as_the_spec_says() -> None:
     """PagedKVStore.copy_blocks against the spec's states_after_copies: every source read before
