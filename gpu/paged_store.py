@@ -56,9 +56,11 @@ class PagedKVStore:
 
         Only slots whose value changes get the new epoch: rewriting a slot with what it
         already holds (a token recomputed identically) is not an overwrite. Positions
-        without a slot are not written.
+        without a slot are not written. The arguments may live on any device (a runner's host
+        tensors): they are moved to the store's, as :meth:`copy_blocks` moves its own.
         """
         self.clock += 1
+        table, positions, values = table.to(self.device), positions.to(self.device), values.to(self.device)
         slots, has_slot = self._slots(group, table, positions)
         slots, values = slots[has_slot], values[has_slot]
         flat_values = self.values[group].view(-1)
@@ -69,8 +71,9 @@ class PagedKVStore:
 
     def read(self, group: int, table: torch.Tensor, positions: torch.Tensor
              ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Values and write epochs at ``positions`` through ``table`` (gathered)."""
-        slots, has_slot = self._slots(group, table, positions)
+        """Values and write epochs at ``positions`` through ``table`` (gathered), on the store's
+        device wherever the arguments live."""
+        slots, has_slot = self._slots(group, table.to(self.device), positions.to(self.device))
         values = torch.where(has_slot, self.values[group].view(-1)[slots], UNWRITTEN)
         epochs = torch.where(has_slot, self.epochs[group].view(-1)[slots], NO_SLOT_EPOCH)
         return values, epochs
