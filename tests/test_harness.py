@@ -347,6 +347,30 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     assert data["suites"][0]["rounds"] > 1 and data["not_run_suites"] == []
 
 
+def test_fail_fast_searches_on_past_an_expected_failure(tmp_path: Path) -> None:
+    """An expected failure is no conviction: a fail-fast round that found only that one searches
+    its seed again, the failure now ending its examples quietly, and the later suites still run.
+    (Before, it ended the round and the run there: a vLLM mutant hidden behind vLLM's two known
+    align-mode bugs went unconvicted.)"""
+    expectations = tmp_path / "mine.toml"
+    expectations.write_text('[[expect]]\nrule = "KV-POOL-007"\nversions = ">=0"\nreason = "we free head first"\n'
+                            'suite = "lockstep"\n')
+    report = tmp_path / "r.json"
+    done = _check("--engine", "broken_engines:ForwardFree", "--suite", "lockstep", "--suite", "hybrid-lifecycle",
+                  "--max-examples", "60", "--no-replay", "--fail-fast", "--expectations", str(expectations),
+                  "--json", str(report))
+    data = json.loads(report.read_text())
+    rules = {r["id"]: r["outcome"] for r in data["rules"]}
+    assert rules["KV-POOL-007"] == "expected-fail", done.stdout[-3000:]
+    lockstep = data["suites"][0]
+    # Round 1 ended at the expected failure; round 2 drew from the same seed and found nothing new.
+    assert lockstep["part"] == "lockstep" and lockstep["rounds"] == 2, done.stdout[-3000:]
+    assert "manager round 2: up to 60 examples of up to 40 steps (seed 0)" in done.stdout
+    # The next suite ran, and its conviction (the same bug, under the lifecycle's rule) ended the run.
+    assert [s["part"] for s in data["suites"]] == ["lockstep", "hybrid-lifecycle"] and data["not_run_suites"] == []
+    assert rules["KV-HLC-004"] == "fail" and done.returncode == 1
+
+
 @pytest.mark.slow
 def test_an_interrupted_run_reports_its_verdicts_marked_incomplete(tmp_path: Path) -> None:
     report = tmp_path / "r.json"

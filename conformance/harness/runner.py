@@ -61,8 +61,10 @@ class RunOptions:
     replay_dir: Path | None = Path("kvoracle-replays")
     #: Hypothesis' own directory (``None``: :func:`default_hypothesis_dir`).
     hypothesis_dir: Path | None = None
-    #: End at the first failure that makes the verdict not OK: Hypothesis shrinks the first
-    #: failing example it finds instead of looking on for others, no later round or suite runs.
+    #: End at the first conviction (a rule that fails or errs, or kvoracle's own error): Hypothesis
+    #: shrinks the first failing example it finds instead of looking on for others, and no later
+    #: round or suite runs. A round that found only expected failures is searched again from its
+    #: seed, those failures now ending their examples quietly.
     fail_fast: bool = False
     #: Test calls Hypothesis may spend shrinking the failures one round found: a count, not a
     #: time, so that a counterexample is the same on any machine and no shrink runs for minutes.
@@ -346,6 +348,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
     # any round.
     replay_first = database is not None and any(
         True for _ in database.fetch(examples_key(bind_machine(suite, factory, verdicts, caller, **extra))))
+    seed = options.seed
     try:
         for round_index in range(-1 if replay_first else 0, options.max_rounds):
             replaying = round_index < 0
@@ -364,7 +367,6 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                 # ends under is still one it really fails.)
                 verbosity=Verbosity.quiet, report_multiple_bugs=not options.fail_fast,
                 phases=(Phase.reuse, Phase.shrink) if replaying else (Phase.explicit, Phase.generate, Phase.shrink))
-            seed = options.seed + max(round_index, 0)
             test = hypothesis.seed(seed)(get_state_machine_test(machine, settings=settings))
             if database is not None:
                 # hypothesis.seed() turns the database off (a seed is for reproducing); a run
@@ -399,9 +401,17 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                     say("  no stored failure fails now" if replaying else "  no new failure")
                     if not replaying:
                         break
-            if options.fail_fast and not verdicts.ok():
+            if options.fail_fast and (verdicts.convicted() or result.internal_errors):
                 say("  fail-fast: no further round")
                 break
+            if options.fail_fast and verdicts.suppressed - recorded_before:
+                # Only expected failures so far. A fail-fast round ends at its first failing
+                # example, so the round's seed was searched no further than that: the next round
+                # draws from it again, the expected ones now ending their examples quietly, as a
+                # round without fail-fast would have searched on past them.
+                continue
+            if not replaying:
+                seed += 1
     except KeyboardInterrupt:
         result.incomplete = "interrupted (SIGINT) during round " + str(result.rounds)
         say("  interrupted: the verdicts so far are reported, marked incomplete")
@@ -517,7 +527,7 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
         if result.incomplete is not None:
             check.incomplete = f"{suite.name}: {result.incomplete}"
             break
-        if options.fail_fast and not result.ok and index + 1 < len(plans):
+        if options.fail_fast and (result.verdicts.convicted() or result.internal_errors) and index + 1 < len(plans):
             check.not_run = [later.alias or later.name for later, _ in plans[index + 1:]]
             say(f"fail-fast: not running {', '.join(check.not_run)}")
             break

@@ -248,3 +248,8 @@ class Verdicts:
 
     def ok(self) -> bool:
         return all(o.outcome in GOOD_OUTCOMES for o in self.outcomes.values())
+
+    def convicted(self) -> bool:
+        """Whether some rule failed or erred (an expected failure, a rule not yet checked, an
+        expectation not yet met are no conviction): what ends a fail-fast run."""
+        return any(o.outcome in (FAIL, ERROR) for o in self.outcomes.values())
