@@ -347,6 +347,31 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     assert data["suites"][0]["rounds"] > 1 and data["not_run_suites"] == []
 
 
+def test_a_failure_whose_shrink_slipped_to_another_rule_is_announced_on_its_first_example() -> None:
+    """Fail-fast shrinks one failing example, and Hypothesis may slip from it to a smaller example
+    failing another rule. The first rule is still convicted, on the example it was seen in, and the
+    progress says so as it says every conviction (benchmarks/kill_rate.py reads those lines)."""
+    import broken_engines
+
+    from kvoracle.conformance.harness import RunOptions, run_suite
+
+    class ForwardFreeAndShortHit(broken_engines._Broken):
+        name = "broken-forward-free-and-short-hit"
+        group_class = broken_engines._ForwardFreeManager
+        coordinator_class = broken_engines._ShortHitCoordinator
+
+    said: list[str] = []
+    result = run_suite(ForwardFreeAndShortHit, RunOptions(max_examples=150, replay_dir=None, seed=0, fail_fast=True),
+                       suite="lockstep", progress=said.append)
+    convicted = {o.rule_id: [e.shrunk for e in o.counterexamples] for o in result.verdicts.outcomes.values()
+                 if o.outcome == "fail"}
+    # Seed 0 sees the short hit first; its shrink ends under the forward free's smaller example.
+    assert convicted == {"KV-FULL-001": [False], "KV-POOL-007": [True]}, convicted
+    reported = [line for line in said if line.startswith("  failure: ")]
+    assert [line.split(" -- ")[0] for line in reported] == ["  failure: KV-POOL-007", "  failure: KV-FULL-001"]
+    assert said[said.index(reported[1]) + 1].startswith("  not shrunk: ")
+
+
 def test_fail_fast_searches_on_past_an_expected_failure(tmp_path: Path) -> None:
     """An expected failure is no conviction: a fail-fast round that found only that one searches
     its seed again, the failure now ending its examples quietly, and the later suites still run.

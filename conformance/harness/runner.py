@@ -417,8 +417,12 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
         say("  interrupted: the verdicts so far are reported, marked incomplete")
     finally:
         result.duration_s = time.perf_counter() - started
+    # A rule whose failure no reported counterexample shows (the shrink of its example slipped
+    # to another rule's smaller one) is convicted on the example it was first seen in.
     for example in verdicts.unrecorded_failures():
         verdicts.record(example)
+        say(f"  {'engine error' if example.engine_error else 'failure'}: {example.rule_id} -- {example.message}")
+        say(f"  not shrunk: {len(example.steps)} steps (its shrink ended under another rule)")
     tell_failures()
 
 
