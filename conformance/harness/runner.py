@@ -122,6 +122,11 @@ class RunResult:
     def ok(self) -> bool:
         return self.verdicts.ok() and not self.internal_errors and self.incomplete is None
 
+    @property
+    def convicted(self) -> bool:
+        """A rule failed or erred, or kvoracle erred: what ends a fail-fast run."""
+        return self.verdicts.convicted() or bool(self.internal_errors)
+
 
 def _split_failures(error: BaseException, flaky: bool = False
                     ) -> tuple[list[tuple[RuleViolation, bool]], list[BaseException]]:
@@ -401,7 +406,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
                     say("  no stored failure fails now" if replaying else "  no new failure")
                     if not replaying:
                         break
-            if options.fail_fast and (verdicts.convicted() or result.internal_errors):
+            if options.fail_fast and result.convicted:
                 say("  fail-fast: no further round")
                 break
             if options.fail_fast and verdicts.suppressed - recorded_before:
@@ -418,11 +423,12 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
     finally:
         result.duration_s = time.perf_counter() - started
     # A rule whose failure no reported counterexample shows (the shrink of its example slipped
-    # to another rule's smaller one) is convicted on the example it was first seen in.
+    # to another rule's smaller one, or the run was cut short) is convicted on the example it was
+    # first seen in.
     for example in verdicts.unrecorded_failures():
         verdicts.record(example)
         say(f"  {'engine error' if example.engine_error else 'failure'}: {example.rule_id} -- {example.message}")
-        say(f"  not shrunk: {len(example.steps)} steps (its shrink ended under another rule)")
+        say(f"  not shrunk: {len(example.steps)} steps (the example it was first seen in)")
     tell_failures()
 
 
@@ -531,7 +537,7 @@ def run_suites(engine: str | Callable[[], Any], suites: Sequence[str | SuiteDef]
         if result.incomplete is not None:
             check.incomplete = f"{suite.name}: {result.incomplete}"
             break
-        if options.fail_fast and (result.verdicts.convicted() or result.internal_errors) and index + 1 < len(plans):
+        if options.fail_fast and result.convicted and index + 1 < len(plans):
             check.not_run = [later.alias or later.name for later, _ in plans[index + 1:]]
             say(f"fail-fast: not running {', '.join(check.not_run)}")
             break
