@@ -76,7 +76,7 @@ def _suite_order(home: str) -> list[str]:
 
 
 def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
-            baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int = 500) -> dict[str, Any]:
+            baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int) -> dict[str, Any]:
     """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
     import contextlib
 
@@ -253,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-examples", type=int, default=150)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--fail-fast", action="store_true", help="run the suites as `kvoracle check --fail-fast`")
-    parser.add_argument("--shrink-calls", type=int, default=500, help="as `kvoracle check --shrink-calls`")
+    parser.add_argument("--shrink-calls", type=int,
+                        help="as `kvoracle check --shrink-calls` (its default: 500, or 150 with --fail-fast)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own process")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
@@ -265,6 +266,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--one", help=argparse.SUPPRESS)
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.shrink_calls is None:
+        from kvoracle.conformance.harness.runner import default_shrink_calls
+
+        args.shrink_calls = default_shrink_calls(args.fail_fast)
     if args.one is not None:
         return _child(args)
     if args.check:

@@ -65,7 +65,7 @@ _FLAGS = {"max_examples": "--max-examples", "step_count": "--steps", "seed": "--
 
 
 def _options(args: argparse.Namespace):
-    from .harness.runner import RunOptions
+    from .harness.runner import RunOptions, default_shrink_calls
 
     options = RunOptions(
         max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
@@ -73,7 +73,8 @@ def _options(args: argparse.Namespace):
         timeout_clock=args.timeout_clock, max_rounds=args.max_rounds,
         replay_dir=None if args.no_replay else Path(args.replay_dir),
         hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
-        fail_fast=args.fail_fast, shrink_calls=args.shrink_calls, database=_database(args))
+        fail_fast=args.fail_fast, database=_database(args),
+        shrink_calls=default_shrink_calls(args.fail_fast) if args.shrink_calls is None else args.shrink_calls)
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]
@@ -457,9 +458,9 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--fail-fast", action="store_true",
                        help="stop at the first failure that makes the verdict not OK: shrink the first "
                             "failing example at once, run no further round or suite (for CI)")
-    check.add_argument("--shrink-calls", type=int, default=500,
+    check.add_argument("--shrink-calls", type=int, default=None,
                        help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
-                            "counterexample is the same on any machine (default 500)")
+                            "counterexample is the same on any machine (default 500, or 150 with --fail-fast)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--html", metavar="FILE",
                        help="also write an HTML report, with a picture of each failure: the reference's and the "

@@ -336,6 +336,7 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr
     data = json.loads(report.read_text())
     assert data["options"]["fail_fast"] is True
+    assert data["options"]["shrink_calls"] == 150  # fail-fast's own default budget
     assert [(s["part"], s["rounds"]) for s in data["suites"]] == [("lockstep", 1)]
     assert data["not_run_suites"] == ["hybrid-lifecycle"]
     assert "hybrid-lifecycle: not run (--fail-fast" in done.stdout
@@ -343,6 +344,7 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     # Without it, the same run goes on to a second round and the other suite.
     _check(*common)
     data = json.loads(report.read_text())
+    assert data["options"]["shrink_calls"] == 500
     assert [s["part"] for s in data["suites"]] == ["lockstep", "hybrid-lifecycle"]
     assert data["suites"][0]["rounds"] > 1 and data["not_run_suites"] == []
 
