@@ -456,8 +456,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="engine: wall time less time spent waiting for a CPU, so that load on the machine "
                             "never counts (default); wall: plain wall time")
     check.add_argument("--fail-fast", action="store_true",
-                       help="stop at the first failure that makes the verdict not OK: shrink the first "
-                            "failing example at once, run no further round or suite (for CI)")
+                       help="stop at the first conviction (a rule that fails or errs; an expected failure "
+                            "is searched past): shrink its example at once, run no further round or suite (for CI)")
     check.add_argument("--shrink-calls", type=int, default=None,
                        help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
                             "counterexample is the same on any machine (default 500, or 150 with --fail-fast)")

@@ -53,7 +53,8 @@ _OPTIONS = (
                       help="the example database (a directory or a redis:// URL; 'none': no database); "
                            "default: $KVORACLE_DATABASE, else examples/ in the Hypothesis directory")),
     ("fail-fast", dict(action="store_true", default=False,
-                       help="shrink a suite's first failing example at once and run no further round")),
+                       help="stop at the first conviction (an expected failure is searched past): shrink its "
+                            "example at once and run no further round")),
 )
 
 
