@@ -64,11 +64,22 @@ class Detection(RunObserver):
 
     def __init__(self, row: dict[str, Any], ignored: set[str], start: float, cpu_start: float) -> None:
         self.row, self.ignored, self.start, self.cpu_start = row, ignored, start, cpu_start
+        self.calls_before = self.last_suite_calls = 0
+
+    def example_started(self, suite: str, in_round: int, in_all: int) -> None:
+        # Test calls, generation's and shrinking's: a count, the same on any machine.
+        self.row["calls"] = self.calls_before + in_all
+        self.last_suite_calls = in_all
+
+    def suite_ended(self) -> None:
+        self.calls_before += self.last_suite_calls
+        self.last_suite_calls = 0
 
     def failure_seen(self, suite: str, rule_id: str) -> None:
         if rule_id not in self.ignored and self.row.get("detected_s") is None:
             self.row.update(detected_rule=rule_id, detected_s=round(time.perf_counter() - self.start, 2),
-                            detected_cpu_s=round(time.process_time() - self.cpu_start, 2))
+                            detected_cpu_s=round(time.process_time() - self.cpu_start, 2),
+                            detected_calls=self.row.get("calls", 0))
 
 
 def _suite_order(home: str) -> list[str]:
@@ -102,10 +113,13 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
         with contextlib.suppress(EngineLoadError):
             engine_factory("vllm", get_suite(suite))()
     start, cpu_start = time.perf_counter(), time.process_time()
+    detection = Detection(row, set(), start, cpu_start) if mutant else None
     with applied(mutant) if mutant else contextlib.nullcontext():
         for suite in order:
             reported: list[str] = []
             ignored = set(baseline.get(suite, ()))
+            if detection is not None:
+                detection.ignored = ignored
 
             def progress(message: str, reported: list[str] = reported, ignored: set = ignored,
                          suite: str = suite) -> None:
@@ -121,7 +135,8 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
                         # CPU time too: this process's own, which other work on the machine does not use up.
                         row.update(killed=True, rule=match.group(1), suite=suite, message=message.strip(),
                                    convicted_s=round(time.perf_counter() - start, 2),
-                                   convicted_cpu_s=round(time.process_time() - cpu_start, 2))
+                                   convicted_cpu_s=round(time.process_time() - cpu_start, 2),
+                                   convicted_calls=row.get("calls"))
 
             # The rules the unmutated engine fails too are expected failures here, so that under
             # fail_fast they do not end the suite before the mutant's own failure.
@@ -129,7 +144,7 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
                         **{rule: "fails on the unmutated engine too" for rule in ignored}}
             try:
                 result = run_suite("vllm", options, progress=progress, expectations=expected, suite=suite,
-                                   observer=Detection(row, ignored, start, cpu_start) if mutant else None)
+                                   observer=detection)
             except _Killed:
                 break
             except EngineLoadError as error:
@@ -137,6 +152,8 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
                 continue
             if row["killed"]:  # convicted by the run's last line
                 break
+            if detection is not None:
+                detection.suite_ended()
             row["failing"][suite] = sorted(r for r, o in result.verdicts.outcomes.items()
                                            if o.outcome in ("fail", "error"))
             if result.abandoned:
@@ -239,6 +256,10 @@ def summarize(rows: list[dict], mutants: dict) -> tuple[str, bool]:
             lines.append("")
             lines.append(f"conviction ({what} time): median {statistics.median(times):.1f} s, "
                          f"slowest {max(times):.1f} s over {len(times)} kills")
+    calls = [row["convicted_calls"] for row in rows if row["killed"] and row.get("convicted_calls") is not None]
+    if calls:
+        lines.append("")
+        lines.append(f"test calls to conviction: median {statistics.median(calls):.0f}, most {max(calls)}")
     survivors = sorted({(row["mutant"], row["seed"]) for row in rows if not row["killed"]})
     if survivors:
         lines.append("")
