@@ -265,7 +265,23 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
             groups = (full, windows[0])
         hybrid = attrs.evolve(hybrid, groups=groups)
     flaggable = [kind != hybrid_spec.CHUNKED_LOCAL for kind, _, _ in hybrid.groups]
-    marks = draw(st.sampled_from(["none", "some", "some"]), label="eagle marks")
+    # A draft group needs a second spec group to show which of a spec group's members the
+    # store read the mark from: with one spec group the store marks it either way.
+    marks = draw(st.sampled_from(["none", "some", "some", "draft"] if len(set(hybrid.groups)) > 1 and any(flaggable)
+                                 else ["none", "some", "some"]), label="eagle marks")
+    if marks == "draft":
+        # A draft model's layers as vLLM lays them out: a KV-cache group of its own, after the
+        # target's, sharing a target group's spec, and the only one marked (sometimes with
+        # another target group). Its spec group's drop then comes from a member that is not
+        # the spec group's first (KV-HYB-002); with EAGLE on, a store that reads only the first
+        # member's mark gives every group the drop (no group marked) or that spec group none.
+        target = draw(st.sampled_from([g for g, ok in enumerate(flaggable) if ok]), label="drafted group")
+        groups = (*hybrid.groups, hybrid.groups[target])
+        others = [g for g, ok in enumerate(flaggable) if ok and hybrid.groups[g] != hybrid.groups[target]]
+        also = draw(st.sampled_from(others), label="also marked") if others and draw(
+            st.booleans(), label="another mark") else None
+        flags = tuple(g == len(groups) - 1 or g == also for g in range(len(groups)))
+        return StoreSetup(groups, hybrid.hash_block_size, hybrid.use_eagle, flags, hybrid.prompts)
     flags = tuple(ok and marks == "some" and draw(st.booleans(), label="eagle group") for ok in flaggable)
     if marks == "some" and not any(flags) and any(flaggable):
         # "Some" marks at least one group: with EAGLE off only a marked group can show the

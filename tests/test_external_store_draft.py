@@ -1,0 +1,67 @@
+"""The external-store suite's draft-group layouts: a KV-cache group after the target's groups,
+sharing one target group's spec and carrying the EAGLE mark, in a model of several spec groups.
+
+Only there does it show which member of a spec group a store coordinator reads the mark
+from (the mutant ``store.split.loses-later-eagle-mark`` reads the first member's alone). The
+vLLM checks are skipped without vLLM 0.33.x (``scripts/install_vllm.sh``).
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import HealthCheck, find, settings
+
+from kvoracle.conformance.external_store import LookUp, Store, StoreSetup, store_setups
+from kvoracle.conformance.harness.replay import replay
+from kvoracle.conformance.harness.verdicts import RuleViolation
+
+
+def _later_member_marked(setup: StoreSetup) -> bool:
+    """Some spec group's mark is on a member other than its first."""
+    first: dict[tuple, bool] = {}
+    for group, mark in zip(setup.groups, setup.eagle_groups):
+        first.setdefault(group, mark)
+        if mark and not first[group]:
+            return True
+    return False
+
+
+def test_generation_reaches_a_later_marked_member_with_eagle_and_several_spec_groups():
+    found = find(store_setups(),
+                 lambda s: s.use_eagle and not s.partial and len(set(s.groups)) > 1 and _later_member_marked(s),
+                 settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
+    assert found.eagle_groups[-1] and found.groups[-1] in found.groups[:-1]
+
+
+#: Full attention, an EAGLE-less window of 1 and a draft group sharing the full-attention spec:
+#: the local coordinator drops the EAGLE block in the full-attention spec group only, so the
+#: window of 1 stores nothing (KV-EXT-011); given the drop, it would store every block.
+DRAFT = StoreSetup((("full", 4, 0), ("sliding_window", 4, 1), ("full", 4, 0)), 4, True, (False, False, True),
+                   (tuple(range(4)) * 5,))
+STEPS = [DRAFT, Store(0, 16), LookUp(0, None)]
+
+
+def _vllm_033() -> bool:
+    try:
+        return importlib.metadata.version("vllm").startswith("0.33.")
+    except importlib.metadata.PackageNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not _vllm_033(), reason="needs vLLM 0.33.x (scripts/install_vllm.sh)")
+def test_vllm_passes_a_draft_layout_and_its_first_member_mutant_is_convicted():
+    from kvoracle.conformance.engines.vllm_mooncake import VllmMooncakeStore
+
+    replay("external-store", VllmMooncakeStore, STEPS)
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    from mutants_vllm import MUTANTS
+    from mutation import applied
+
+    with applied(MUTANTS["store.split.loses-later-eagle-mark"]), pytest.raises(RuleViolation) as caught:
+        replay("external-store", VllmMooncakeStore, STEPS)
+    assert caught.value.rule_id == "KV-EXT-005"
+    assert "want ['xxxx', '....', 'xxxx']" in caught.value.message
