@@ -21,6 +21,9 @@ from ..adapter import Capabilities
 #: Tokens come from a tiny alphabet so that independent requests collide.
 TOKENS = st.integers(min_value=0, max_value=3)
 MAX_LIVE_REQUESTS = 5
+#: The first token of the requests that crowd the pool (each its own token, repeated).
+FILLER_TOKENS = 10_000_000
+MAX_FILLERS = 12
 
 
 @st.composite
@@ -170,12 +173,73 @@ class OneGroupRules:
             return None
         return num_new, lookahead
 
-    def _schedule(self, data: st.DataObject, request_id: str) -> None:
+    def _blocks_to_crowd(self, request_id: str) -> int:
+        """How many free blocks other requests must take before ``request_id`` has a capacity
+        edge (:meth:`_capacity_edge`), or 0 where it has one already or none can be made.
+
+        The edge needs the free blocks outside the hit, ``e``, few enough that the hit, those
+        ``e`` and one block more fit the model length. A pool of more blocks than the model
+        length holds rarely has it: an engine that counts none of the free hit blocks against
+        the pool (admitting where the new blocks fit but the new and the revived ones do not)
+        escaped whole seeds. Blocks are taken from the front of the free queue, so only those
+        before the hit's first free block can go without evicting it.
+        """
+        config = self._config()
+        if not config.enable_caching:
+            return 0
+        request = self.model.requests[request_id]
+        hit, _ = self.model.manager.get_computed_blocks(request)
+        blocks = hit.blocks[0]
+        free_hits = {block.block_id for block in blocks if block.ref_cnt == 0}
+        if not free_hits:
+            return 0
+        queue = self.model.manager.pool.free_queue.block_ids()
+        free_elsewhere = len(queue) - len(free_hits)
+        # Past the prompt, the edge's slots are look-ahead tokens, which not every engine takes.
+        limit = config.max_model_len if self.caps.lookahead else request.num_tokens
+        most = (limit - 1) // config.block_size - len(blocks)
+        before_hit = next(i for i, block_id in enumerate(queue) if block_id in free_hits)
+        if most < 0 or free_elsewhere <= most or free_elsewhere - most > before_hit:
+            return 0
+        return free_elsewhere - most
+
+    def _crowd_for_edge(self, request_id: str) -> None:
+        """Requests of fresh tokens arrive and prefill until ``request_id``'s free hit blocks
+        are most of the pool's free blocks (:meth:`_blocks_to_crowd`): each as long as the
+        model allows, the last only as long as needed, up to ``MAX_FILLERS`` of them (23 free
+        blocks and fillers of two blocks take 11). A shrunk counterexample has few: the fillers
+        follow from the pool and the model length, which shrink."""
+        config = self._config()
+        per_filler = (config.max_model_len - 1) // config.block_size
+        for _ in range(MAX_FILLERS):
+            missing = self._blocks_to_crowd(request_id)
+            if not missing or per_filler < 1:
+                return
+            filler_id = self.new_request_id()
+            # Outside every workload's tokens (the alphabet, the trace's ids): it hits nothing.
+            token = FILLER_TOKENS + int(filler_id[1:])
+            length = min(missing, per_filler) * config.block_size
+            self.driver.apply(steps.AddRequest(filler_id, (token,) * length))
+            if self.driver.dead or filler_id not in self.model.requests:
+                return
+            self.driver.apply(steps.Schedule(filler_id, num_new_tokens=length))
+            if self.driver.dead or filler_id not in self._held() or request_id not in self.model.requests:
+                return
+
+    def _schedule(self, data: st.DataObject, request_id: str, press: bool = False) -> None:
+        """Schedule a request; a waiting one mostly at its capacity edge where it has one,
+        crowding the pool for one first where that makes one. ``press``: always both."""
         config = self._config()
         running = request_id in self._held()
         edge = None if running else self._capacity_edge(request_id)
-        if edge is not None and data.draw(st.sampled_from([True, True, True, False]),
-                                          label="capacity edge"):
+        if edge is None and not running and self._blocks_to_crowd(request_id) and (press or data.draw(
+                st.sampled_from([True, True, True, False]), label="crowd the pool")):
+            self._crowd_for_edge(request_id)
+            if self.driver.dead or request_id not in self.model.requests or request_id in self._held():
+                return
+            edge = self._capacity_edge(request_id)
+        if edge is not None and (press or data.draw(st.sampled_from([True, True, True, False]),
+                                                    label="capacity edge")):
             num_new, lookahead = edge
         else:
             num_new = data.draw(st.integers(1, 3 * config.block_size), label="new")
@@ -204,7 +268,7 @@ class OneGroupRules:
         """A freed request's prompt comes back while some of its blocks wait in the free queue."""
         self._revive(data, data.draw(st.sampled_from(self._revivable()), label="freed request"))
 
-    def _revive(self, data: st.DataObject, index: int) -> None:
+    def _revive(self, data: st.DataObject, index: int, press: bool = False) -> None:
         """Send ``freed[index]``'s tokens again, plus up to a block more, and schedule them.
 
         Drawn from the whole corpus, such a request was scheduled in a few per cent of
@@ -219,7 +283,48 @@ class OneGroupRules:
         self.driver.apply(steps.AddRequest(request_id, (tokens + suffix)[: config.max_model_len - 1],
                                      salt))
         if not self.driver.dead and request_id in self.model.requests:
-            self._schedule(data, request_id)
+            self._schedule(data, request_id, press)
+
+    def _shortest_to_come_back(self) -> int:
+        """A prompt whose hit holds a block: a block and a token (with EAGLE, which drops the
+        hit's last block, two blocks and a token)."""
+        config = self._config()
+        return (2 if config.use_eagle else 1) * config.block_size + 1
+
+    def _can_come_back(self) -> bool:
+        return self._can_revive() and self._can("free") and self._config().enable_caching \
+            and self._shortest_to_come_back() <= self._config().max_model_len - 1
+
+    @precondition(lambda self: self._can_come_back())
+    @rule(data=st.data())
+    def come_back_to_a_crowded_pool(self, data: st.DataObject) -> None:
+        """A prompt is computed and finishes; requests of fresh tokens take the free blocks
+        outside its cached ones; the prompt comes back and asks for one block more than the
+        pool holds once its hit blocks leave the free queue (KV-LIFE-003, :meth:`_capacity_edge`).
+
+        Where the pool holds more than the model length, the free blocks are rarely mostly one
+        request's hit: an engine that admits by the new blocks alone, forgetting the hit blocks
+        it takes out of the free queue, escaped whole seeds. Where a failure elsewhere stops
+        the engine's allocations after the first round, this has to show in the first few
+        examples, so it is a rule of its own and sets the whole case up each time.
+        """
+        config = self._config()
+        length = data.draw(st.integers(self._shortest_to_come_back(), config.max_model_len - 1), label="length")
+        request_id = self.new_request_id()
+        # Tokens of its own: every block of the prompt is its own, free once it finishes.
+        prompt = (FILLER_TOKENS + int(request_id[1:]),) * length
+        self.driver.apply(steps.AddRequest(request_id, prompt))
+        if self.driver.dead or request_id not in self.model.requests:
+            return
+        self.driver.apply(steps.Schedule(request_id, num_new_tokens=length))
+        if self.driver.dead or request_id not in self._held():
+            return
+        request = self.model.requests[request_id]
+        self.freed = [(tuple(request.all_token_ids), request.cache_salt,
+                       tuple(request.block_hashes)), *self.freed][:8]
+        self.driver.apply(steps.Free(request_id, False))
+        if not self.driver.dead and self._can_revive() and 0 in self._revivable():
+            self._revive(data, 0, press=True)
 
     # Hypothesis picks among rules uniformly: two more names for `schedule` make it the most
     # frequent step, as it is in a serving engine.
