@@ -275,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--fail-fast", action="store_true", help="run the suites as `kvoracle check --fail-fast`")
     parser.add_argument("--shrink-calls", type=int,
-                        help="as `kvoracle check --shrink-calls` (its default: 500, or 150 with --fail-fast)")
+                        help="as `kvoracle check --shrink-calls` (its default: 150)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own process")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
@@ -288,9 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.shrink_calls is None:
-        from kvoracle.conformance.harness.runner import default_shrink_calls
+        from kvoracle.conformance.harness.runner import DEFAULT_SHRINK_CALLS
 
-        args.shrink_calls = default_shrink_calls(args.fail_fast)
+        args.shrink_calls = DEFAULT_SHRINK_CALLS
     if args.one is not None:
         return _child(args)
     if args.check:

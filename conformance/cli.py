@@ -65,7 +65,7 @@ _FLAGS = {"max_examples": "--max-examples", "step_count": "--steps", "seed": "--
 
 
 def _options(args: argparse.Namespace):
-    from .harness.runner import RunOptions, default_shrink_calls
+    from .harness.runner import DEFAULT_SHRINK_CALLS, RunOptions
 
     options = RunOptions(
         max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
@@ -74,7 +74,7 @@ def _options(args: argparse.Namespace):
         replay_dir=None if args.no_replay else Path(args.replay_dir),
         hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
         fail_fast=args.fail_fast, database=_database(args),
-        shrink_calls=default_shrink_calls(args.fail_fast) if args.shrink_calls is None else args.shrink_calls)
+        shrink_calls=DEFAULT_SHRINK_CALLS if args.shrink_calls is None else args.shrink_calls)
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]
@@ -460,7 +460,7 @@ def build_parser() -> argparse.ArgumentParser:
                             "is searched past): shrink its example at once, run no further round or suite (for CI)")
     check.add_argument("--shrink-calls", type=int, default=None,
                        help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
-                            "counterexample is the same on any machine (default 500, or 150 with --fail-fast)")
+                            "counterexample is the same on any machine (default 150)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--html", metavar="FILE",
                        help="also write an HTML report, with a picture of each failure: the reference's and the "

@@ -47,8 +47,7 @@ _OPTIONS = (
     ("hypothesis-dir", dict(default=None, metavar="DIR",
                             help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis)")),
     ("shrink-calls", dict(type=int, default=None,
-                          help="test calls Hypothesis may spend shrinking one round's failures "
-                               "(default 500, or 150 with --kvoracle-fail-fast)")),
+                          help="test calls Hypothesis may spend shrinking one round's failures (default 150)")),
     ("database", dict(default=None, metavar="DIR|URL",
                       help="the example database (a directory or a redis:// URL; 'none': no database); "
                            "default: $KVORACLE_DATABASE, else examples/ in the Hypothesis directory")),
@@ -70,7 +69,7 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 def _run_options(config: pytest.Config):
     from .harness.database import DatabaseError, chosen_database, open_database
-    from .harness.runner import RunOptions, default_hypothesis_dir, default_shrink_calls
+    from .harness.runner import DEFAULT_SHRINK_CALLS, RunOptions, default_hypothesis_dir
 
     timeout = _option(config, "step-timeout")
     options = RunOptions(
@@ -80,7 +79,7 @@ def _run_options(config: pytest.Config):
         replay_dir=Path(_option(config, "replay-dir")),
         hypothesis_dir=Path(_option(config, "hypothesis-dir")) if _option(config, "hypothesis-dir") else None,
         fail_fast=_option(config, "fail-fast"),
-        shrink_calls=default_shrink_calls(_option(config, "fail-fast")) if _option(config, "shrink-calls") is None
+        shrink_calls=DEFAULT_SHRINK_CALLS if _option(config, "shrink-calls") is None
         else _option(config, "shrink-calls"))
     options.database = chosen_database(_option(config, "database"),
                                        options.hypothesis_dir or default_hypothesis_dir())

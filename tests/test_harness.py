@@ -22,7 +22,7 @@ import pytest
 
 from kvoracle.conformance.harness import calls
 from kvoracle.conformance.harness.calls import EngineCaller, EngineError
-from kvoracle.conformance.harness.runner import RunObserver
+from kvoracle.conformance.harness.runner import DEFAULT_SHRINK_CALLS, RunObserver
 
 TESTS = Path(__file__).parent
 KVORACLE = [sys.executable, "-m", "kvoracle"]
@@ -336,7 +336,7 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     assert done.returncode == 1, done.stdout[-3000:] + done.stderr
     data = json.loads(report.read_text())
     assert data["options"]["fail_fast"] is True
-    assert data["options"]["shrink_calls"] == 150  # fail-fast's own default budget
+    assert data["options"]["shrink_calls"] == DEFAULT_SHRINK_CALLS == 150
     assert [(s["part"], s["rounds"]) for s in data["suites"]] == [("lockstep", 1)]
     assert data["not_run_suites"] == ["hybrid-lifecycle"]
     assert "hybrid-lifecycle: not run (--fail-fast" in done.stdout
@@ -344,7 +344,7 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     # Without it, the same run goes on to a second round and the other suite.
     _check(*common)
     data = json.loads(report.read_text())
-    assert data["options"]["shrink_calls"] == 500
+    assert data["options"]["shrink_calls"] == DEFAULT_SHRINK_CALLS  # the same budget without fail-fast
     assert [s["part"] for s in data["suites"]] == ["lockstep", "hybrid-lifecycle"]
     assert data["suites"][0]["rounds"] > 1 and data["not_run_suites"] == []
 
@@ -363,7 +363,9 @@ def test_a_failure_whose_shrink_slipped_to_another_rule_is_announced_on_its_firs
         coordinator_class = broken_engines._ShortHitCoordinator
 
     said: list[str] = []
-    result = run_suite(ForwardFreeAndShortHit, RunOptions(max_examples=150, replay_dir=None, seed=0, fail_fast=True),
+    # 500 shrink calls: the slip comes after the default budget's 150 on this seed.
+    result = run_suite(ForwardFreeAndShortHit, RunOptions(max_examples=150, replay_dir=None, seed=0, fail_fast=True,
+                                                          shrink_calls=500),
                        suite="lockstep", progress=said.append)
     convicted = {o.rule_id: [e.shrunk for e in o.counterexamples] for o in result.verdicts.outcomes.values()
                  if o.outcome == "fail"}

@@ -59,11 +59,11 @@ MUTANTS: tuple[Mutant, ...] = (
            note="a block only partly outside the window is freed while the window still reads it"),
     # -- FullAttentionManager ----------------------------------------------------------------------
     Mutant("full.hit.ceil-bound", f"{FULL}.find_longest_cache_hit",
-           "max_length // block_size)", "cdiv(max_length, block_size))", "off-by-one", "manager",
+           "max_length // block_size)", "cdiv(max_length, block_size))", "off-by-one", "hybrid",
            note="the hit may cover the block holding the last prompt token, past the lookup bound"),
     Mutant("full.hit.keeps-single-eagle-block", f"{FULL}.find_longest_cache_hit",
            "if drop_eagle_block and hit_length > 0:", "if drop_eagle_block and hit_length > block_size:",
-           "off-by-one", "manager",
+           "off-by-one", "hybrid",
            note="with EAGLE a hit of exactly one block keeps it instead of recomputing it"),
     Mutant("full.partial-tail.eagle-limit", f"{FULL}._cache_partial_tail_block",
            "else request.num_prompt_tokens - 1", "else request.num_prompt_tokens", "off-by-one", "manager",
