@@ -357,22 +357,20 @@ def test_a_failure_whose_shrink_slipped_to_another_rule_is_announced_on_its_firs
 
     from kvoracle.conformance.harness import RunOptions, run_suite
 
-    class ForwardFreeAndShortHit(broken_engines._Broken):
-        name = "broken-forward-free-and-short-hit"
+    class ForwardFreeAndPrependAll(broken_engines._Broken):
+        name = "broken-forward-free-and-prepend-all"
         group_class = broken_engines._ForwardFreeManager
-        coordinator_class = broken_engines._ShortHitCoordinator
+        pool_class = broken_engines._PrependAllPool
 
     said: list[str] = []
-    # 500 shrink calls: the slip comes after the default budget's 150 on this seed.
-    result = run_suite(ForwardFreeAndShortHit, RunOptions(max_examples=150, replay_dir=None, seed=0, fail_fast=True,
-                                                          shrink_calls=500),
+    result = run_suite(ForwardFreeAndPrependAll, RunOptions(max_examples=150, replay_dir=None, seed=0, fail_fast=True),
                        suite="lockstep", progress=said.append)
     convicted = {o.rule_id: [e.shrunk for e in o.counterexamples] for o in result.verdicts.outcomes.values()
                  if o.outcome == "fail"}
-    # Seed 0 sees the short hit first; its shrink ends under the forward free's smaller example.
-    assert convicted == {"KV-FULL-001": [False], "KV-POOL-007": [True]}, convicted
+    # Seed 0 sees the free queue's wrong end first; its shrink ends under the forward free's smaller example.
+    assert convicted == {"KV-POOL-006": [False], "KV-POOL-007": [True]}, convicted
     reported = [line for line in said if line.startswith("  failure: ")]
-    assert [line.split(" -- ")[0] for line in reported] == ["  failure: KV-POOL-007", "  failure: KV-FULL-001"]
+    assert [line.split(" -- ")[0] for line in reported] == ["  failure: KV-POOL-007", "  failure: KV-POOL-006"]
     assert said[said.index(reported[1]) + 1].startswith("  not shrunk: ")
 
 
