@@ -264,6 +264,14 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
             full = next((g for g in groups if g[0] == hybrid_spec.FULL), (hybrid_spec.FULL, hybrid.hash_block_size, 0))
             groups = (full, windows[0])
         hybrid = attrs.evolve(hybrid, groups=groups)
+    if hybrid.use_eagle and any(kind == hybrid_spec.MAMBA for kind, _, _ in hybrid.groups) and any(
+            size != hybrid.hash_block_size for _, size, _ in hybrid.groups) and draw(
+            st.booleans(), label="mamba eagle margin"):
+        # With EAGLE, every group at the Mamba block: only there is a Mamba state one block past
+        # the attention-verified hit an aligned boundary, which a Mamba group looked up with
+        # the other groups' EAGLE look-ahead would take.
+        hybrid = attrs.evolve(hybrid, groups=tuple((kind, hybrid.hash_block_size, param)
+                                                   for kind, _, param in hybrid.groups))
     flaggable = [kind != hybrid_spec.CHUNKED_LOCAL for kind, _, _ in hybrid.groups]
     # A draft group needs a second spec group to show which of a spec group's members the
     # store read the mark from: with one spec group the store marks it either way.
@@ -601,6 +609,15 @@ class StoreDriver(Driver):
                 f"block; {detail}"))
 
 
+def _gap_shape(setup: StoreSetup) -> bool:
+    """EAGLE with a Mamba group, or with a loop of several passes (no single full-attention
+    pass) in which a sliding window can be verified again after another group shrinks the hit."""
+    if setup.partial or not setup.use_eagle:
+        return False
+    kinds = [kind for kind, _, _ in set(setup.groups) if kind != hybrid_spec.FULL]
+    return hybrid_spec.MAMBA in kinds or (len(kinds) > 1 and hybrid_spec.SLIDING_WINDOW in kinds)
+
+
 class ExternalStoreMachine(SuiteMachine):
     """Stores, puts, evictions and lookups over one generated configuration."""
 
@@ -621,6 +638,8 @@ class ExternalStoreMachine(SuiteMachine):
             # of them lacks, KV-EXT-010).
             self.put(data)
             self.driver.apply(LookUp(self.touched[-1], None))
+        elif self._alive() and _gap_shape(self.driver.setup) and data.draw(st.integers(0, 2), label="gap") == 0:
+            self._gap(data)
         elif self._alive() and not self.driver.setup.partial and data.draw(st.integers(0, 2), label="first store"):
             # Most examples start from a stored prompt, so that even short ones judge a store
             # mask and look something up that the store holds: half of them at once, at the
@@ -632,6 +651,33 @@ class ExternalStoreMachine(SuiteMachine):
                 bound = data.draw(st.sampled_from([None, max(0, stored.aligned_len - alignment)]),
                                   label="first bound")
                 self.driver.apply(LookUp(stored.prompt, bound))
+
+    def _gap(self, data: st.DataObject) -> None:
+        """A stored prompt, Mamba states at every block end (a Mamba group looked up past the
+        verified hit takes one, KV-EXT-001/-003), a gap of one aligned segment near the end in
+        every group but full attention, and a lookup (see :func:`_gap_shape`)."""
+        setup = self.driver.setup
+        stored = self._store(data)
+        hashes = _hashes(setup, stored.prompt)
+        for g, (kind, size, _) in enumerate(setup.groups):
+            if kind == hybrid_spec.MAMBA:
+                per = size // setup.hash_block_size
+                self.driver.apply(Put(stored.prompt, g, tuple(range(per - 1, len(hashes), per))))
+        alignment = setup.scheduler_block_size
+        segments = stored.aligned_len // alignment
+        if segments and self._alive():
+            # Near the end: a window verified past the gap with its drop, and a group whose run
+            # reaches back into the gap, which shrinks the hit to the gap's start.
+            segment = max(0, segments - 1 - data.draw(st.integers(1, 3), label="gap segments from the end"))
+            holed = [g for g, (kind, _, _) in enumerate(setup.groups) if kind != hybrid_spec.FULL]
+            per = alignment // setup.hash_block_size
+            doomed = {(g, hashes[i]) for g in holed for i in range(segment * per, (segment + 1) * per)}
+            keys = sorted(self.driver.exists)
+            picks = tuple(n for n, key in enumerate(keys) if key in doomed)
+            if picks:
+                self.driver.apply(Evict(picks))
+        if self._alive():
+            self.driver.apply(LookUp(stored.prompt, None))
 
     def _alive(self) -> bool:
         return self.driver.setup is not None and not self.driver.dead
