@@ -61,8 +61,13 @@ def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
     assert failure.value.rule_id == rule_id, failure.value.message
 
 
+#: Examples a case needs beyond 150 on seed 0: since the one-group part's crowding rule (ac4d30d)
+#: moved every part's draws, a copy that is due shows within 300 examples, not 150.
+EXAMPLES = {"needs no copy": 300}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
     engine, rule_id, _ = CASES[name]
-    failed = rules_found(search(engine, "hybrid-lifecycle", tmp_path))
+    failed = rules_found(search(engine, "hybrid-lifecycle", tmp_path, max_examples=EXAMPLES.get(name, 150)))
     assert rule_id in failed, failed

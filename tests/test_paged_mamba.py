@@ -202,7 +202,9 @@ def test_broken_runners_are_found_by_the_suite(pages: type[MambaStatePages], rul
     # Since the align-mode generation of 957de28 the runner without the copy needs more examples at
     # seed 0 (300: convicted in 107 s, 150: not found); a positional runner's misplaced states show in
     # the cached pages too. Either way only the store's runner rules are charged, the case's among them.
-    examples = 300 if pages.__name__ == "NoCopyInLongerTable" else 150
+    # Since the one-group part's crowding rule (ac4d30d) moved every part's draws, seed 0 shows the
+    # copy over a checkpoint within 600 examples (51 s of CPU), not 150 or 300.
+    examples = {"NoCopyInLongerTable": 300, "CopyOverCheckpoint": 600}.get(pages.__name__, 150)
     failed = rules_found(search(_engine(pages), "hybrid-lifecycle", tmp_path, max_examples=examples, max_rounds=1))
     assert rule_id in failed and failed <= {"KV-MAMBA-014", "KV-MAMBA-015"}, failed
     assert list(tmp_path.glob("*.py")), "no replay file was written"
