@@ -83,6 +83,35 @@ def test_each_misbehaviour_is_an_engine_error_of_its_kind(timeout, operation, ki
     assert text in raised.value.detail
 
 
+def test_an_operation_that_raised_is_quarantined_only_in_the_kind_of_model_it_raised_in() -> None:
+    """vLLM 0.33.0 raises in an align-mode Mamba model's allocation (a known bug). With the
+    quarantine global, the manager suite's one-group part could not allocate after round 1."""
+    from types import SimpleNamespace
+
+    from kvoracle.conformance.harness.capabilities import Capabilities
+    from kvoracle.conformance.harness.driver import Driver
+    from kvoracle.conformance.harness.machine import SuiteMachine
+    from kvoracle.conformance.harness.verdicts import Verdicts
+
+    caller = EngineCaller(None)
+    driver = Driver(object, Verdicts(Capabilities()), caller)
+    driver.quarantine_scope = "groups"
+    driver._charge(EngineError("allocate", "ValueError: Cannot get 6 free blocks", "raised"), "KV-HLC-001")
+    caller.quarantine.hung["free"] = "no answer within 10 s"
+
+    def example(scope: str) -> SuiteMachine:
+        machine = object.__new__(SuiteMachine)  # can() reads only the driver and the round's quarantine
+        machine.driver = SimpleNamespace(dead=False, quarantine_scope=scope)
+        machine.round_quarantine = caller.quarantine.blocked()
+        return machine
+
+    groups, one_group = example("groups"), example("one group")
+    assert not groups.can("allocate") and one_group.can("allocate")
+    assert not groups.can("free") and not one_group.can("free")  # a hang holds everywhere
+    assert groups.can("lookup") and one_group.quarantined() and not example("one group").quarantined("allocate")
+    caller.close()
+
+
 @pytest.mark.parametrize("operation", ["sleeps", "spins"])
 def test_a_call_that_never_answers_is_a_hang_and_its_operation_is_quarantined(operation: str) -> None:
     caller, engine = EngineCaller(0.5), _Engine()

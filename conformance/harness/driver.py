@@ -34,6 +34,9 @@ class Driver:
     suite_name = ""
     #: Charged for an engine failure when neither the call nor the step names an applicable rule.
     fault_rule = ""
+    #: The kind of model the example runs (a driver that builds several kinds names them when it
+    #: configures one): an operation that raised is quarantined in its own scope only.
+    quarantine_scope = ""
 
     def __init__(self, engine_factory: Callable[[], Any], verdicts: Verdicts,
                  caller: EngineCaller | None = None) -> None:
@@ -112,7 +115,7 @@ class Driver:
                            rule_id or self._step_rule or self.fault_rule)
             if not error.hung:
                 # Not called again from the next round on, so that the run judges the rest.
-                self.caller.quarantine.raised.setdefault(error.operation, error.detail)
+                self.caller.quarantine.raised.setdefault((error.operation, self.quarantine_scope), error.detail)
         failure = violation(rule_id, str(error))
         failure.engine_error_kind = error.kind
         return failure

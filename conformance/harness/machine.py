@@ -16,7 +16,7 @@ from hypothesis.database import ExampleDatabase
 from hypothesis.internal.reflection import function_digest
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
 
-from .calls import EngineCaller
+from .calls import EVERY_SCOPE, EngineCaller
 from .database import database_key
 from .engines import engine_spec_of
 from .suites import SuiteDef, capabilities_of, get_suite
@@ -30,9 +30,10 @@ class SuiteMachine(RuleBasedStateMachine):
     engine_factory: Callable[[], Any]
     verdicts: Verdicts
     caller: EngineCaller
-    #: Operations quarantined when the round began (preconditions read this, never the live
-    #: quarantine: rule availability changing within a round would make replays inconsistent).
-    round_quarantine: frozenset[str] = frozenset()
+    #: The (operation, scope) pairs quarantined when the round began (preconditions read this,
+    #: never the live quarantine: rule availability changing within a round would make replays
+    #: inconsistent).
+    round_quarantine: frozenset[tuple[str, str]] = frozenset()
     on_example: Callable[[], None] | None = None
     #: A run records a hang as it is (never shrunk); a plain test fails on it.
     record_hangs: bool = False
@@ -47,7 +48,12 @@ class SuiteMachine(RuleBasedStateMachine):
 
     def can(self, operation: str) -> bool:
         """Whether steps calling ``operation`` may be generated in this example."""
-        return not self.driver.dead and operation not in self.round_quarantine
+        return not self.driver.dead and not self.quarantined(operation)
+
+    def quarantined(self, operation: str | None = None) -> bool:
+        """Whether ``operation`` (``None``: any operation) is quarantined in this example's scope."""
+        scopes = (EVERY_SCOPE, self.driver.quarantine_scope)
+        return any(scope in scopes and operation in (None, blocked) for blocked, scope in self.round_quarantine)
 
     def teardown(self) -> None:
         self.driver.close()

@@ -415,7 +415,7 @@ class OneGroupRules:
                         label="block ids")
         self.driver.apply(steps.Evict(tuple(ids)))
 
-    @precondition(lambda self: not self.driver.several_groups and (self.driver.dead or self.round_quarantine))
+    @precondition(lambda self: not self.driver.several_groups and (self.driver.dead or self.quarantined()))
     @rule()
     def observe(self) -> None:
         # Available once the engine is dead or an operation is quarantined, so that a run can

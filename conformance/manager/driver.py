@@ -56,10 +56,12 @@ class ManagerDriver(OneGroupJudge, GroupsJudge, Driver):
     def _Configure(self, step: Configure) -> None:
         self.setup = None
         self.fault_rule = ONE_GROUP_FAULT_RULE
+        self.quarantine_scope = "one group"
         self._one_Configure(step)
 
     def _ConfigureGroups(self, step: ConfigureGroups) -> None:
         self.fault_rule = GROUPS_FAULT_RULE
+        self.quarantine_scope = "groups"
         self._groups_ConfigureGroups(step)
 
     def _by_model(self, step: object) -> None:
