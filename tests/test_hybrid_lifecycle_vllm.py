@@ -55,9 +55,15 @@ def test_sliding_window_lifecycle_matches() -> None:
         AddRequest("b", (1, 2, 3, 0, 1, 2, 3, 3)), Schedule("b", 8), Free("b", preempted=True)])
 
 
-@pytest.mark.parametrize("seed", [0, 2])
+#: Examples per seed: since the one-group part's crowding rule (ac4d30d) moved every part's draws,
+#: seed 2 exercises KV-MAMBA-023 (a write to a shared page) within 300 examples, not 200.
+BOUNDED_EXAMPLES = {0: 200, 2: 300}
+
+
+@pytest.mark.parametrize("seed", sorted(BOUNDED_EXAMPLES))
 def test_bounded_suite_fails_only_on_the_known_bugs(seed: int) -> None:
-    result = run_suite("vllm", RunOptions(max_examples=200, seed=seed, replay_dir=None), suite="hybrid-lifecycle")
+    result = run_suite("vllm", RunOptions(max_examples=BOUNDED_EXAMPLES[seed], seed=seed, replay_dir=None),
+                       suite="hybrid-lifecycle")
     assert not _unexplained(result), _unexplained(result)
 
 
