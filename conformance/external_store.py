@@ -471,6 +471,14 @@ class StoreDriver(Driver):
         masks, hit = self.call("lookup", hashes, bound, exists, rule="KV-EXT-001")
         detail = (f"prompt of {len(setup.prompts[step.prompt])} tokens, bound {bound}, groups "
                   f"{list(setup.groups)}, hash block {setup.hash_block_size}")
+        # A hit no lookup can find (off a hash boundary, or past the prompt's hashes) is the engine's
+        # wrong answer, charged here: the chunk keys below are read only for hits on a boundary.
+        on_boundary = 0 <= hit <= len(hashes) * setup.hash_block_size and hit % setup.hash_block_size == 0
+        check("KV-EXT-001", on_boundary,
+              lambda: f"hit {hit}: not a multiple of the hash block within the prompt's "
+                      f"{len(hashes) * setup.hash_block_size} hashed tokens; {detail}")
+        if not on_boundary:
+            return
         check("KV-EXT-003", len(masks) == len(setup.groups)
               and all(len(m) == cdiv(hit, size) for m, (_, size, _) in zip(masks, setup.groups)),
               lambda: f"hit {hit}: masks of lengths {[len(m) for m in masks]}; want cdiv({hit}, block size) "

@@ -107,3 +107,21 @@ def test_engines_are_registered():
     assert set(engines) == {"reference", "vllm"}
     assert engine_factory("reference", get_suite("external-store")) is ReferenceExternalStore
     assert all("external-store" in builtin_engines()[name] for name in engines)
+
+
+class AnswersOffTheHashBoundary(ReferenceExternalStore):
+    """A store coordinator whose hit ends one token past what it found."""
+
+    def lookup(self, block_hashes, max_length, exists):
+        masks, hit = super().lookup(block_hashes, max_length, exists)
+        return masks, hit + 1 if hit else hit
+
+
+def test_a_hit_off_the_hash_boundary_is_the_engine_s_wrong_answer_not_a_judge_error():
+    """Before, such a hit was charged to whichever later check it broke first (here the masks'
+    lengths, KV-EXT-003), and where the masks fitted it the judge read its chunk keys and broke its
+    own contract (chunk_key_index takes whole hash blocks): a judge error for the engine's bug."""
+    result = run(AnswersOffTheHashBoundary, max_rounds=1, fail_fast=True)
+    assert result.internal_errors == [] and not result.verdicts.broken_contracts, result.internal_errors
+    assert outcome(result, "KV-EXT-001") == "fail"
+    assert "not a multiple of the hash block" in result.verdicts.outcomes["KV-EXT-001"].counterexamples[0].message
