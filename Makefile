@@ -83,7 +83,7 @@ check: $(STAMP)
 test: $(STAMP) $(TORCH_STAMP) $(CHROMIUM_STAMP) $(REDIS_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/pytest -n $(PYTEST_WORKERS) --durations=40
-	$(BIN)/kvoracle check --max-examples 100 --json build/kvoracle-report.json
+	$(BIN)/kvoracle check --json build/kvoracle-report.json
 	bash scripts/crosshair_spec.sh
 	$(MAKE) docs
 	$(MAKE) test-vllm
