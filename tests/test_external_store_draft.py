@@ -8,16 +8,10 @@ vLLM checks are skipped without vLLM 0.33.x (``scripts/install_vllm.sh``).
 
 from __future__ import annotations
 
-import importlib.metadata
-import sys
-from pathlib import Path
-
-import pytest
 from hypothesis import HealthCheck, find, settings
+from store_mutant_replays import needs_vllm_033, passes_then_convicts
 
 from kvoracle.conformance.external_store import LookUp, Store, StoreSetup, store_setups
-from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.verdicts import RuleViolation
 
 
 def _later_member_marked(setup: StoreSetup) -> bool:
@@ -45,23 +39,8 @@ DRAFT = StoreSetup((("full", 4, 0), ("sliding_window", 4, 1), ("full", 4, 0)), 4
 STEPS = [DRAFT, Store(0, 16), LookUp(0, None)]
 
 
-def _vllm_033() -> bool:
-    try:
-        return importlib.metadata.version("vllm").startswith("0.33.")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _vllm_033(), reason="needs vLLM 0.33.x (scripts/install_vllm.sh)")
+@needs_vllm_033
 def test_vllm_passes_a_draft_layout_and_its_first_member_mutant_is_convicted():
-    from kvoracle.conformance.engines.vllm_mooncake import VllmMooncakeStore
-
-    replay("external-store", VllmMooncakeStore, STEPS)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from mutants_vllm import MUTANTS
-    from mutation import applied
-
-    with applied(MUTANTS["store.split.loses-later-eagle-mark"]), pytest.raises(RuleViolation) as caught:
-        replay("external-store", VllmMooncakeStore, STEPS)
-    assert caught.value.rule_id == "KV-EXT-005"
-    assert "want ['xxxx', '....', 'xxxx']" in caught.value.message
+    caught = passes_then_convicts("store.split.loses-later-eagle-mark", STEPS)
+    assert caught.rule_id == "KV-EXT-005"
+    assert "want ['xxxx', '....', 'xxxx']" in caught.message

@@ -12,16 +12,11 @@ without vLLM 0.33.x (``scripts/install_vllm.sh``).
 
 from __future__ import annotations
 
-import importlib.metadata
-import sys
-from pathlib import Path
-
 import pytest
 from hypothesis import HealthCheck, find, settings
+from store_mutant_replays import needs_vllm_033, passes_then_convicts
 
 from kvoracle.conformance.external_store import LookUp, Put, StoreSetup, store_setups
-from kvoracle.conformance.harness.replay import replay
-from kvoracle.conformance.harness.verdicts import RuleViolation
 
 
 def test_generation_reaches_eagle_with_every_group_at_the_mamba_block():
@@ -47,28 +42,13 @@ WINDOWS = StoreSetup((("sliding_window", 1, 1), ("sliding_window", 1, 2)), 1, Tr
 WINDOWS_STEPS = [WINDOWS, Put(0, 0, (0, 1, 2, 3, 5)), Put(0, 1, (0, 1, 2, 3, 5)), LookUp(0, None)]
 
 
-def _vllm_033() -> bool:
-    try:
-        return importlib.metadata.version("vllm").startswith("0.33.")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-
-
-@pytest.mark.skipif(not _vllm_033(), reason="needs vLLM 0.33.x (scripts/install_vllm.sh)")
+@needs_vllm_033
 @pytest.mark.parametrize(("key", "steps", "rule", "says"), [
     ("store.hit.mamba-eagle-margin", MAMBA_STEPS, "KV-EXT-003", "masks of lengths [3, 4]"),
     ("store.hit.keeps-eagle-verified", WINDOWS_STEPS, "KV-EXT-001", "hit 4; the local hybrid loop over the store's "
                                                                     "keys answers 3"),
 ])
 def test_vllm_passes_and_the_eagle_recheck_mutant_is_convicted(key, steps, rule, says):
-    from kvoracle.conformance.engines.vllm_mooncake import VllmMooncakeStore
-
-    replay("external-store", VllmMooncakeStore, steps)
-    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-    from mutants_vllm import MUTANTS
-    from mutation import applied
-
-    with applied(MUTANTS[key]), pytest.raises(RuleViolation) as caught:
-        replay("external-store", VllmMooncakeStore, steps)
-    assert caught.value.rule_id == rule
-    assert says in caught.value.message
+    caught = passes_then_convicts(key, steps)
+    assert caught.rule_id == rule
+    assert says in caught.message
