@@ -689,7 +689,9 @@ def test_loading_an_engine_has_a_limit_of_its_own(monkeypatch: pytest.MonkeyPatc
     charged as a hang. It gets LOAD_TIMEOUT; later constructions and a load that hangs still end."""
 
     def slow() -> object:
-        time.sleep(0.6)
+        # 2 s against limits of 0.2 and 0.4 s: a margin no scheduling delay on a loaded machine
+        # closes (at 0.6 s the 0.4 s limit once let the sleep finish first, at a load of 8)
+        time.sleep(2.0)
         return object()
 
     caller = calls.EngineCaller(0.2, clock="wall")
