@@ -434,6 +434,17 @@ def _masks(length: int) -> st.SearchStrategy[tuple[bool, ...]]:
     return dense | sparse | holes | mostly
 
 
+def _short_run_after_hole(length: int, need: int) -> st.SearchStrategy[tuple[bool, ...]]:
+    """Masks for a window needing ``need`` contiguous blocks: cached up to a block ``end``, but
+    for one hole that leaves a run of 1 .. need - 1 blocks after it and enough before it, so that
+    a scan right to left meets a run too short to hit, then the hole (which must end the run,
+    KV-SWA-002), then a run long enough. Nothing where no such mask fits (a need below 2)."""
+    if need < 2 or length < need + 1:
+        return st.nothing()
+    return st.tuples(st.integers(need + 1, length), st.integers(1, need - 1)).map(
+        lambda end_short: tuple(j != end_short[0] - end_short[1] - 1 for j in range(end_short[0])))
+
+
 def _segment_end_holes(length: int, per_segment: int) -> st.SearchStrategy[tuple[bool, ...]]:
     """Masks of ``length`` blocks, every block cached but the last of up to two of the aligned
     segments of ``per_segment`` blocks."""
@@ -1177,7 +1188,7 @@ class HybridLookupMachine(SuiteMachine):
         # makes the loop take several passes and the groups' answers differ.
         independent = data.draw(st.integers(0, 2), label="independent masks") > 0
         alignment = _lcm([size for _, size, _ in setup.groups])
-        for group, (_, size, _) in enumerate(setup.groups):
+        for group, (kind, size, window) in enumerate(setup.groups):
             per = size // setup.hash_block_size
             length = min(tokens // size, setup.num_blocks - 1)
             if independent:
@@ -1190,6 +1201,12 @@ class HybridLookupMachine(SuiteMachine):
                     # segment: a window's run or a Mamba state may not end just before it,
                     # only at an aligned boundary (KV-SWA-005, KV-MAMBA-001).
                     masks |= _segment_end_holes(length, alignment // size)
+                if kind == spec.SLIDING_WINDOW:
+                    # Random holes leave a run too short to hit after a hole and a long one
+                    # before it only now and then, and only where the groups looked up before
+                    # the window hit past the hole: shaped on purpose, half as often as those.
+                    masks |= _short_run_after_hole(length, sliding_window.contiguous_blocks_needed(
+                        window, size, setup.use_eagle))
                 self.driver.apply(Seed(prompt, group, data.draw(masks, label="mask")))
                 continue
             self.driver.apply(Seed(prompt, group, tuple(

@@ -617,7 +617,9 @@ def test_a_round_searches_as_long_after_a_bug_however_busy_the_machine(monkeypat
 
     if not determinism.stops_the_search_clock():
         pytest.skip("this Hypothesis reads no clock for its post-bug search")
-    options = RunOptions(max_examples=150, max_rounds=1, replay_dir=None, seed=0)
+    # Seed 1: seed 0's first round no longer meets the Mamba look-ahead since the window masks with
+    # a short run after a hole joined the generation.
+    options = RunOptions(max_examples=150, max_rounds=1, replay_dir=None, seed=1)
 
     def checks() -> tuple[int, int]:
         result = run_suite(broken_hybrid_engines.MambaEagleMargin, options, suite="hybrid")

@@ -92,7 +92,9 @@ def test_hybrid_replay_file_is_a_runnable_pytest_module(tmp_path) -> None:
 #: fixed ones that do, so that a weaker generator shows here as a failure.
 #: (Seeds 9 and 2 since partial-hit models joined the generation and moved the draws of models with a
 #: Mamba group: seed 0 then found neither the wide window nor the forgotten trim in a round.)
-CLI_SEEDS = {"EagleDropEveryPass": "1", "SwaWindowNotMinusOne": "9", "TrimFirstFullOnly": "2"}
+#: (Since the window masks with a short run after a hole moved the draws: MambaEagleMargin seed 1,
+#: as seeds 1 and 2 convict it, 0 and 3 do not; TrimFirstFullOnly seed 0, as 0 and 1 do, 2 and 3 not.)
+CLI_SEEDS = {"EagleDropEveryPass": "1", "MambaEagleMargin": "1", "SwaWindowNotMinusOne": "9"}
 CLI_MAX_EXAMPLES = "150"
 CLI_MAX_ROUNDS = "4"
 

@@ -47,10 +47,13 @@ CASES = {
     "IgnoresKeysInsideBlock": TAIL_BOUNDED,
     "NullPerHashUnit": TAIL,
 }
-#: Seeds other than 0, with why: at seed 0 the first failure the one-round search finds for the
-#: lookup that ignores the keys inside a block is an answer partial hits left off gives too (KV-HYB-011,
-#: charged to neither rule); seed 3 finds one only KV-MAMBA-020 explains (40 examples, ~5 s).
-SEARCH_SEEDS = {"IgnoresKeysInsideBlock": 3}
+#: Seeds other than 0, with why: the one-round search does not convict every broken lookup on every
+#: seed (a failure partial hits left off gives too is KV-HYB-011, charged to neither rule). Since the
+#: window masks with a short run after a hole moved the draws, seed 0 convicts none of the three:
+#: measured over seeds 0-5, the lookup with partial hits off is convicted on 1 and 2, the null per
+#: hash unit on 1, 2, 4, 5; over seeds 0-19, the lookup ignoring the keys inside a block on 6, 7,
+#: 10, 12 and 15.
+SEARCH_SEEDS = {"IgnoresKeysInsideBlock": 6, "NullPerHashUnit": 1, "PartialHitsOff": 1}
 
 
 def test_the_cases_exercise_the_partial_rules_on_the_reference() -> None:
