@@ -272,6 +272,18 @@ def store_setups(draw: st.DrawFn, partial: bool = False) -> StoreSetup:
         # the other groups' EAGLE look-ahead would take.
         hybrid = attrs.evolve(hybrid, groups=tuple((kind, hybrid.hash_block_size, param)
                                                    for kind, _, param in hybrid.groups))
+    if hybrid.use_eagle and draw(st.integers(0, 4), label="re-verified window") == 0:
+        # A marked window of a block or two beside an unmarked, much wider one, every group at the
+        # hash block. Past a gap (the store's gap opening) the marked window accepts the candidate
+        # with its drop, then the wide window's run reaches back into the gap and shrinks the hit
+        # to the gap's start; a group without the drop shrank it, so on the next pass the marked
+        # window must be looked up with its drop again, and there its peek block is in the gap.
+        size = hybrid.hash_block_size
+        verified = (hybrid_spec.SLIDING_WINDOW, size, draw(st.integers(1, 2 * size + 1), label="verified window"))
+        wide = (hybrid_spec.SLIDING_WINDOW, size, size * draw(st.integers(4, 8), label="wide window blocks") + 1)
+        groups = ((hybrid_spec.FULL, size, 0), verified, wide)
+        return StoreSetup(groups, size, True, (draw(st.booleans(), label="full attention marked"), True, False),
+                          hybrid.prompts)
     flaggable = [kind != hybrid_spec.CHUNKED_LOCAL for kind, _, _ in hybrid.groups]
     # A draft group needs a second spec group to show which of a spec group's members the
     # store read the mark from: with one spec group the store marks it either way.

@@ -24,11 +24,21 @@ def _later_member_marked(setup: StoreSetup) -> bool:
     return False
 
 
+def _draft_layout(setup: StoreSetup) -> bool:
+    """The last group is a copy of an earlier one and carries the EAGLE mark."""
+    return setup.eagle_groups[-1] and setup.groups[-1] in setup.groups[:-1]
+
+
 def test_generation_reaches_a_later_marked_member_with_eagle_and_several_spec_groups():
+    # find raises NoSuchExample where 2,000 draws never give the draft layout with its mark on a
+    # later member. (Asked for the layout itself: a shrunk example of any later marked member may be
+    # another layout, depending on what the generator draws first.)
     found = find(store_setups(),
-                 lambda s: s.use_eagle and not s.partial and len(set(s.groups)) > 1 and _later_member_marked(s),
+                 lambda s: s.use_eagle and not s.partial and len(set(s.groups)) > 1 and _draft_layout(s)
+                 and _later_member_marked(s),
                  settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
-    assert found.eagle_groups[-1] and found.groups[-1] in found.groups[:-1]
+    first = found.groups.index(found.groups[-1])
+    assert not found.eagle_groups[first]  # the copied spec group's first member is unmarked
 
 
 #: Full attention, an EAGLE-less window of 1 and a draft group sharing the full-attention spec:

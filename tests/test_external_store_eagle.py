@@ -27,6 +27,23 @@ def test_generation_reaches_eagle_with_every_group_at_the_mamba_block():
     assert found.scheduler_block_size == found.hash_block_size
 
 
+def _marked_window_before_a_wider_unmarked_one(setup: StoreSetup) -> bool:
+    windows = [(g, param) for g, (kind, _, param) in enumerate(setup.groups) if kind == "sliding_window"]
+    return any(setup.eagle_groups[g] and not setup.eagle_groups[h] and wide > narrow
+               for g, narrow in windows for h, wide in windows if h > g)
+
+
+def test_generation_reaches_a_marked_window_before_a_wider_unmarked_one():
+    # The re-verified window layout of store_setups: the wider window, without the drop, shrinks the
+    # hit after the marked window accepted it, so the marked one is looked up again with its drop.
+    # find raises NoSuchExample where 2,000 draws never give it.
+    found = find(store_setups(),
+                 lambda s: s.use_eagle and all(size == s.hash_block_size for _, size, _ in s.groups)
+                 and _marked_window_before_a_wider_unmarked_one(s),
+                 settings=settings(max_examples=2000, database=None, suppress_health_check=list(HealthCheck)))
+    assert found.use_eagle and _marked_window_before_a_wider_unmarked_one(found)
+
+
 #: Full attention and Mamba at one token a block, EAGLE on and no group marked (every group
 #: gets the drop): full attention verifies 3 of the 4 stored tokens; a Mamba lookup widened by
 #: the look-ahead takes the state at 4, past the hit.
