@@ -63,7 +63,7 @@ GENERATED = ["StoreDropsMarkedGroups", "TrimsToShorterHashBoundary", "NoLookAhea
              "LoadsWindowOneWithoutTheDrop"]
 #: Seeds other than 0: since the re-verified window layout joined the store's setups and moved the
 #: draws, seed 0's round no longer meets a partial hit trimmed to a shorter hash boundary; seed 1 does
-#: (measured: 1 convicts it, 4 does not).
+#: (measured: 1 convicts it, 2 and 4 do not).
 SEEDS = {"TrimsToShorterHashBoundary": 1}
 
 
