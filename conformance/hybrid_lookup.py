@@ -377,11 +377,13 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
             st.integers(0, 2), label="chunked_group") == 0:
         spare[-1][0] = spec.CHUNKED_LOCAL  # its null blocks before the chunk start (KV-CHUNK-001)
     mambas = [d for d in drafts if d[0] == spec.MAMBA]
+    partial_model = False
     if partial_hits and mambas and len(drafts) > 1 and all(d[0] != spec.CHUNKED_LOCAL for d in drafts) and draw(
             st.integers(0, 2), label="partial hits") > 0:
         # A Mamba block of 2 or 4 hash blocks turns partial hits on where every other group can
         # follow (KV-MAMBA-019); kvoracle specifies them with every other group at the hash block
         # (KV-MAMBA-003), which a chunked local group, at the scheduler block (KV-CHUNK-003), is not.
+        partial_model = True
         for draft in drafts:
             draft[1] = hash_size
         mambas[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="Mamba block in hash blocks")
@@ -398,8 +400,16 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
             # Windows 1..16, often one past a multiple of the block size, where
             # cdiv(window, b) != cdiv(window - 1, b) (KV-SWA-001).
             # Small windows as often: a run of a few blocks is what a mostly cached group has.
+            # But with EAGLE, a window finer than the alignment is as often longer than an aligned
+            # unit and a block: a cached run from the first block too short for the window then
+            # hits, rounded to the alignment, and after the EAGLE drop rounded again (KV-SWA-010);
+            # a shorter window always finds a run long enough, which ends where no rounding shows.
+            # (Not with partial hits on: the hit alignment is then the hash block, every window's.)
+            long_fine = eagle and draft[1] < alignment and not partial_model
+            short = st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 2))
+            long = st.builds(lambda k, b=draft[1]: alignment * k + b + 1, st.integers(1, 4))
             draft[2] = draw(st.integers(1, 16) | st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 4))
-                            | st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 2)), label="window")
+                            | (long if long_fine else short), label="window")
     groups = tuple(tuple(d) for d in drafts)
     if draw(st.integers(0, 3), label="duplicate_group") == 0:  # equal specs share a spec group (KV-HYB-002)
         groups = (*groups, draw(st.sampled_from(groups)))
