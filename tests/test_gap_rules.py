@@ -93,7 +93,7 @@ GENERATED = ["ChunkStartOfLastToken", "MambaIgnoresAlignment", "SwaKeepsBlocksBe
 #: moved, and at seed 0 (150 examples, one round) SwaIgnoresAlignment fails nothing; seed 1 charges it
 #: KV-SWA-005, seed 2 KV-HYB-007, seed 3 nothing (issue 18: one seed is not yet enough for every engine).
 #: MambaIgnoresAlignment is charged KV-MAMBA-001 on seeds 0 and 3 of 0 to 4 (with every seeded prompt
-#: looked up after an example's last step; on seed 3 only without those lookups).
+#: looked up after an example's last step; at ce7a404, before those lookups, on seed 3 only).
 GENERATED_SEEDS = {"SwaIgnoresAlignment": 1}
 
 
