@@ -761,16 +761,11 @@ class ExternalStoreMachine(SuiteMachine):
     def idle(self) -> None:
         pass  # lets Hypothesis finish an example whose engine is dead
 
-    def teardown(self) -> None:
-        # Every prompt stored or put looked up once more, unbounded, after the last step: swarm
-        # rule selection turns ``look_up`` off in about half the examples, which would then judge
-        # only the first lookup, if any. These lookups draw nothing, so every example keeps the
-        # steps its draws made; a failure here is a step like any other, replayed and shrunk.
-        for prompt in dict.fromkeys(self.touched):
-            if not self._alive():
-                break
-            self.driver.apply(LookUp(prompt, None))
-        super().teardown()
+    def closing_steps(self) -> list[object]:
+        # Every prompt stored or put looked up once more, unbounded: with swarm rule selection
+        # about half the examples judged only their first lookup, if any (on seed 0, 45 of 172
+        # looked nothing up).
+        return [LookUp(prompt, None) for prompt in dict.fromkeys(self.touched)] if self._alive() else []
 
 
 _MASKS = returns.mask_groups
