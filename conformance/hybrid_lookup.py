@@ -303,7 +303,7 @@ def _lcm(sizes: Sequence[int]) -> int:
 
 
 @st.composite
-def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
+def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | None = None) -> HybridSetup:
     """Valid hybrid configurations (HybridConfig's rules) and prompts that share prefixes.
 
     Biased towards the states where a coordinator's bugs show: hash block size 1 half the
@@ -313,9 +313,11 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False) -> HybridSetup:
     ``partial_hits`` (an engine claiming ``mamba_partial_hits``), two models in three of several
     groups that have a Mamba group and no chunked local one turn vLLM's fine-grained partial hits on
     (KV-MAMBA-019); a model that cannot turn them on draws exactly what it drew without them.
+    ``eagle`` fixes EAGLE on or off instead of drawing it.
     """
     hash_size = draw(st.sampled_from([1, 1, 2, 4]), label="hash_block_size")
-    eagle = draw(st.booleans(), label="use_eagle")
+    if eagle is None:
+        eagle = draw(st.booleans(), label="use_eagle")
     # Sliding windows twice as often: most named loop behaviours (KV-SWA-001/003/010, KV-HYB-009)
     # need one.
     kinds = [*spec.LOOKUP_KINDS, spec.SLIDING_WINDOW] if not eagle else [
