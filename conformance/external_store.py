@@ -248,7 +248,7 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
         # chunk (KV-EXT-008); put ones sit at most block ends, so where full attention's run
         # stops at a missing key a Mamba state usually waits one block past the verified hit,
         # which only a Mamba lookup widened by that look-ahead would take. Among the drawn
-        # hybrids below, one EAGLE setup in a hundred had this shape.
+        # hybrids below, one or two EAGLE setups in a hundred had this shape.
         size = hybrid.hash_block_size
         return StoreSetup(((hybrid_spec.FULL, size, 0), (hybrid_spec.MAMBA, size, 0)), size, True,
                           (draw(st.booleans(), label="full attention marked"), True), hybrid.prompts)
