@@ -61,10 +61,10 @@ STATES = {
 #: The broken engines the generated suite must convict within one round of 150 examples.
 GENERATED = ["StoreDropsMarkedGroups", "TrimsToShorterHashBoundary", "NoLookAheadForOneSpecGroup",
              "LoadsWindowOneWithoutTheDrop"]
-#: Seeds other than 0: since the re-verified window layout joined the store's setups and moved the
-#: draws, seed 0's round no longer meets a partial hit trimmed to a shorter hash boundary; seed 1 does
-#: (measured: 1 convicts it, 2 and 4 do not).
-SEEDS = {"TrimsToShorterHashBoundary": 1}
+#: Seeds other than 0, where seed 0's round meets no example of the engine's bug. None now: since the
+#: store suite's re-verified windows take their gap two times in three, seeds 0, 2 and 3 convict the
+#: partial hit trimmed to a shorter hash boundary and seed 1 (pinned here before) does not.
+SEEDS: dict[str, int] = {}
 
 
 def _baseline(engine: str):
