@@ -687,8 +687,8 @@ class ExternalStoreMachine(SuiteMachine):
             self.put(data)
             self.driver.apply(LookUp(self.touched[-1], None))
         elif self._alive() and _gap_shape(self.driver.setup) and (
-                # The re-verified window shape is drawn for its gap: two times in three (the same
-                # draw, so other examples keep theirs).
+                # The re-verified window shape is drawn for its gap: it takes it two times in three
+                # (store.hit.keeps-eagle-verified shows only there), by the same draw.
                 data.draw(st.integers(0, 2), label="gap") != 0 if _re_verified_window(self.driver.setup)
                 else data.draw(st.integers(0, 2), label="gap") == 0):
             self._gap(data)
