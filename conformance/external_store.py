@@ -661,6 +661,7 @@ def _gap_shape(setup: StoreSetup) -> bool:
 #: off. EAGLE's look-ahead and drop make most of the store's shapes (draft marks, Mamba margins,
 #: re-verified windows, windows of 1, one spec group), which a drawn flag gave half the examples.
 EAGLE_ON, EAGLE_OFF = "eagle", "no-eagle"
+PARTS = (EAGLE_ON, EAGLE_OFF)
 
 
 class ExternalStoreMachine(SuiteMachine):
@@ -669,8 +670,7 @@ class ExternalStoreMachine(SuiteMachine):
     driver: StoreDriver
     #: Whether the engine supports partial hash hits (set from the adapter when bound).
     partial: bool = False
-    #: The kinds of model examples configure (set from the suite's machine options).
-    parts: tuple[str, ...] = (EAGLE_ON, EAGLE_OFF)
+    parts = PARTS
 
     def __init__(self) -> None:
         super().__init__()
@@ -678,7 +678,7 @@ class ExternalStoreMachine(SuiteMachine):
 
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
-        part = data.draw(st.sampled_from(self.parts), label="model") if len(self.parts) > 1 else self.parts[0]
+        part = self.draw_part(data)
         self.driver.apply(data.draw(store_setups(type(self).partial, eagle=part == EAGLE_ON), label="setup"))
         if self._alive() and self.driver.setup.partial and data.draw(st.integers(0, 2), label="first put"):
             # Partial hash hits: most examples start from keys at arbitrary hash boundaries of one
@@ -686,11 +686,7 @@ class ExternalStoreMachine(SuiteMachine):
             # of them lacks, KV-EXT-010).
             self.put(data)
             self.driver.apply(LookUp(self.touched[-1], None))
-        elif self._alive() and _gap_shape(self.driver.setup) and (
-                # The re-verified window shape is drawn for its gap: it takes it two times in three
-                # (store.hit.keeps-eagle-verified shows only there), by the same draw.
-                data.draw(st.integers(0, 2), label="gap") != 0 if _re_verified_window(self.driver.setup)
-                else data.draw(st.integers(0, 2), label="gap") == 0):
+        elif self._alive() and _gap_shape(self.driver.setup) and self._takes_gap(data):
             self._gap(data)
         elif self._alive() and not self.driver.setup.partial and data.draw(st.integers(0, 2), label="first store"):
             # Most examples start from a stored prompt, so that even short ones judge a store
@@ -703,6 +699,12 @@ class ExternalStoreMachine(SuiteMachine):
                 bound = data.draw(st.sampled_from([None, max(0, stored.aligned_len - alignment)]),
                                   label="first bound")
                 self.driver.apply(LookUp(stored.prompt, bound))
+
+    def _takes_gap(self, data: st.DataObject) -> bool:
+        """One gap shape in three opens with a gap; the re-verified window shape two in three (its
+        re-check past the gap is why it is drawn, store.hit.keeps-eagle-verified), by one draw."""
+        gap = data.draw(st.integers(0, 2), label="gap")
+        return gap != 0 if _re_verified_window(self.driver.setup) else gap == 0
 
     def _gap(self, data: st.DataObject) -> None:
         """A stored prompt, Mamba states at every block end (a Mamba group looked up past the
@@ -815,7 +817,7 @@ EXTERNAL_STORE = register_suite(SuiteDef(
     engines={"reference": f"{__name__}:ReferenceExternalStore",
              "vllm": "kvoracle.conformance.engines.vllm_mooncake:VllmMooncakeStore"},
     machine_options=lambda probe: {"partial": bool(getattr(probe, "supports_partial_hash_hits", False)),
-                                   "parts": (EAGLE_ON, EAGLE_OFF)},
+                                   "parts": PARTS},
     exclusions=lambda probe: {} if getattr(probe, "supports_partial_hash_hits", False) else {
         "KV-EXT-010": "the engine has no partial hash hits (supports_partial_hash_hits), the only "
                       "configurations where a hit ends inside a block"}))

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
 from hypothesis.database import ExampleDatabase
 from hypothesis.internal.reflection import function_digest
 from hypothesis.stateful import RuleBasedStateMachine, get_state_machine_test
@@ -37,6 +38,9 @@ class SuiteMachine(RuleBasedStateMachine):
     on_example: Callable[[], None] | None = None
     #: A run records a hang as it is (never shrunk); a plain test fails on it.
     record_hangs: bool = False
+    #: The kinds of model the suite's examples draw among, each given a run's --max-examples
+    #: (set from the suite's machine options; empty: the suite has no parts).
+    parts: tuple[str, ...] = ()
 
     def __init__(self) -> None:
         super().__init__()
@@ -54,6 +58,10 @@ class SuiteMachine(RuleBasedStateMachine):
         """Whether ``operation`` (``None``: any operation) is quarantined in this example's scope."""
         scopes = (EVERY_SCOPE, self.driver.quarantine_scope)
         return any(scope in scopes and operation in (None, blocked) for blocked, scope in self.round_quarantine)
+
+    def draw_part(self, data: st.DataObject) -> str:
+        """The kind of model this example configures: drawn among :attr:`parts`, or the only one."""
+        return data.draw(st.sampled_from(self.parts), label="model") if len(self.parts) > 1 else self.parts[0]
 
     def closing_steps(self) -> list[object]:
         """Steps applied after an example's last rule, while its engine lives (none by default).

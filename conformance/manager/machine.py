@@ -63,7 +63,7 @@ class ManagerMachine(OneGroupRules, GroupsRules, SuiteMachine):
 
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
-        part = data.draw(st.sampled_from(self.parts), label="model") if len(self.parts) > 1 else self.parts[0]
+        part = self.draw_part(data)
         if part == ONE_GROUP:
             self.driver.apply(Configure(data.draw(manager_configs(allow_caching_off=self.caps.caching_off,
                                                                   allow_eagle=self.caps.eagle), label="config")))
