@@ -80,7 +80,7 @@ from .harness import returns
 from .harness.driver import Driver
 from .harness.machine import SuiteMachine
 from .harness.suites import SuiteDef, register_suite
-from .hybrid_lookup import MOSTLY_TRUE, GroupDesc, _kv_spec, hybrid_setups
+from .hybrid_lookup import EAGLE_ON, MOSTLY_TRUE, PARTS, GroupDesc, _kv_spec, hybrid_setups
 
 #: Per-group masks, as plain tuples.
 Masks = tuple[tuple[bool, ...], ...]
@@ -657,19 +657,15 @@ def _gap_shape(setup: StoreSetup) -> bool:
     return hybrid_spec.MAMBA in kinds or (len(kinds) > 1 and hybrid_spec.SLIDING_WINDOW in kinds)
 
 
-#: The suite's two parts, each given a run's --max-examples: models with EAGLE on and with it
-#: off. EAGLE's look-ahead and drop make most of the store's shapes (draft marks, Mamba margins,
-#: re-verified windows, windows of 1, one spec group), which a drawn flag gave half the examples.
-EAGLE_ON, EAGLE_OFF = "eagle", "no-eagle"
-PARTS = (EAGLE_ON, EAGLE_OFF)
-
-
 class ExternalStoreMachine(SuiteMachine):
     """Stores, puts, evictions and lookups over one generated configuration."""
 
     driver: StoreDriver
     #: Whether the engine supports partial hash hits (set from the adapter when bound).
     partial: bool = False
+    # EAGLE on and off, each given --max-examples: EAGLE's look-ahead and drop make most of the
+    # store's shapes (draft marks, Mamba margins, re-verified windows, windows of 1, one spec
+    # group), which a drawn flag gave half the examples.
     parts = PARTS
 
     def __init__(self) -> None:

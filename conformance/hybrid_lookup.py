@@ -303,7 +303,8 @@ def _lcm(sizes: Sequence[int]) -> int:
 
 
 @st.composite
-def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | None = None) -> HybridSetup:
+def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | None = None,
+                  window_of_one: bool = False) -> HybridSetup:
     """Valid hybrid configurations (HybridConfig's rules) and prompts that share prefixes.
 
     Biased towards the states where a coordinator's bugs show: hash block size 1 half the
@@ -313,7 +314,12 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     ``partial_hits`` (an engine claiming ``mamba_partial_hits``), two models in three of several
     groups that have a Mamba group and no chunked local one turn vLLM's fine-grained partial hits on
     (KV-MAMBA-019); a model that cannot turn them on draws exactly what it drew without them.
-    ``eagle`` fixes EAGLE on or off instead of drawing it.
+    ``eagle`` fixes EAGLE on or off instead of drawing it. With ``window_of_one`` (the lookup
+    suite), one EAGLE model in four is full attention and a sliding window of 1: the loop's single
+    pass then decides the hit, and a second pass would look the verified window up again without
+    its drop (KV-HYB-005). Drawn among all the shapes it is one EAGLE model in twenty, which some
+    seeds' examples never met. Without the flag the draws are what they were (the external-store
+    suite's models).
     """
     hash_size = draw(st.sampled_from([1, 1, 2, 4]), label="hash_block_size")
     if eagle is None:
@@ -322,8 +328,10 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     # need one.
     kinds = [*spec.LOOKUP_KINDS, spec.SLIDING_WINDOW] if not eagle else [
         spec.FULL, spec.SLIDING_WINDOW, spec.SLIDING_WINDOW, spec.MAMBA]
+    single_pass_window = eagle and window_of_one and draw(st.integers(0, 3), label="window of one") == 0
     # EAGLE matters only when the loop takes several passes: two groups at least.
-    count = draw(st.sampled_from([2, 3, 3, 3, 4] if eagle else [1, 2, 2, 3, 3, 4]), label="num_groups")
+    count = 2 if single_pass_window else draw(
+        st.sampled_from([2, 3, 3, 3, 4] if eagle else [1, 2, 2, 3, 3, 4]), label="num_groups")
     # Every group at the hash block size a third of the time, else mostly small multiples.
     uniform = draw(st.integers(0, 2), label="uniform_block_size") == 0
     drafts = []
@@ -338,12 +346,13 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
         # where the alignment is the Mamba block: every group at the hash block size.
         for draft in drafts:
             draft[1] = hash_size
-    if count == 2 and draw(st.integers(0, 2), label="full_and_other") > 0:
+    if count == 2 and (single_pass_window or draw(st.integers(0, 2), label="full_and_other") > 0):
         # Full attention and one other group: the loop's single pass
         # (KV-HYB-005), in which the other group alone decides the hit -- a Mamba group
         # answering past the candidate (KV-MAMBA-002) or a window scan (KV-SWA-001).
         drafts[0][0] = spec.FULL
-        drafts[1][0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="other kind")
+        drafts[1][0] = spec.SLIDING_WINDOW if single_pass_window else draw(
+            st.sampled_from([k for k in kinds if k != spec.FULL]), label="other kind")
         if drafts[1][0] == spec.MAMBA:
             drafts[1][1] = hash_size  # KV-MAMBA-003
         if drafts[1][0] in (spec.SLIDING_WINDOW, spec.MAMBA) and draw(st.booleans(), label="finer other"):
@@ -352,7 +361,8 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
             # (KV-SWA-005, KV-MAMBA-001); later passes would hide it behind an aligned group.
             drafts[1][1] = hash_size
             drafts[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="coarse full")
-        if eagle and drafts[1][0] == spec.SLIDING_WINDOW and draw(st.booleans(), label="window_1"):
+        if eagle and drafts[1][0] == spec.SLIDING_WINDOW and (single_pass_window or draw(st.booleans(),
+                                                                                   label="window_1")):
             # With EAGLE a window of 1 is where the single pass decides the answer: a pass
             # more would look the verified window up again without its drop (KV-HYB-005).
             drafts[1][2] = 1
@@ -1147,10 +1157,20 @@ def _could_be(matching: Sequence[str]) -> str:
 DIVERGENCES: dict[str, int] = {}
 
 
+#: The parts of the suites that generate hybrid models (this one and the external store's), each
+#: given a run's --max-examples: models with EAGLE on and with it off. A drawn flag left some seeds'
+#: 150 examples without the shapes that only one side has: the EAGLE drop repeated on a later pass
+#: of the loop, a Mamba state finer than the alignment (rarer with EAGLE), or the single pass's
+#: answer that a second pass would change.
+EAGLE_ON, EAGLE_OFF = "eagle", "no-eagle"
+PARTS = (EAGLE_ON, EAGLE_OFF)
+
+
 class HybridLookupMachine(SuiteMachine):
     """Seeds and lookups over one generated hybrid configuration."""
 
     driver: HybridDriver
+    parts = PARTS
 
     def __init__(self) -> None:
         super().__init__()
@@ -1162,8 +1182,10 @@ class HybridLookupMachine(SuiteMachine):
     def configure(self, data: st.DataObject) -> None:
         # (Drawn through ``data``, which draws nothing itself: without the capability the
         # examples are what a strategy argument drew.)
+        part = self.draw_part(data)
         partial = self.driver.verdicts.capabilities.mamba_partial_hits and self.can("seed_partial_entry")
-        self.driver.apply(data.draw(hybrid_setups(partial), label="setup"))
+        self.driver.apply(data.draw(hybrid_setups(partial, eagle=part == EAGLE_ON, window_of_one=True),
+                                    label="setup"))
 
     def _fine_groups(self) -> list[int]:
         """The fine-grained Mamba groups of a partial-hit model (KV-MAMBA-020), where partial
@@ -1294,4 +1316,5 @@ HYBRID = register_suite(SuiteDef(
     driver=HybridDriver, machine=HybridLookupMachine, module=__name__,
     step_names=("HybridSetup", "LookUp", "Seed", "SeedTail"),
     engines={"reference": f"{__name__}:ReferenceHybridLookup",
-             "vllm": "kvoracle.conformance.engines.vllm_hybrid:VllmHybridLookup"}))
+             "vllm": "kvoracle.conformance.engines.vllm_hybrid:VllmHybridLookup"},
+    machine_options=lambda probe: {"parts": PARTS}))

@@ -94,7 +94,9 @@ def test_hybrid_replay_file_is_a_runnable_pytest_module(tmp_path) -> None:
 #: Mamba group: seed 0 then found neither the wide window nor the forgotten trim in a round.)
 #: (Since the window masks with a short run after a hole moved the draws: MambaEagleMargin seed 1,
 #: as seeds 1 and 2 convict it, 0 and 3 do not; TrimFirstFullOnly seed 0, as 0 and 1 do, 2 and 3 not.)
-CLI_SEEDS = {"EagleDropEveryPass": "1", "MambaEagleMargin": "1", "SwaWindowNotMinusOne": "9"}
+#: (Since the suite has two parts, EAGLE on and off, and draws full attention with a window of one:
+#: SwaWindowNotMinusOne seed 2; a fail-fast run convicts it on seeds 1-3, not on 0, 4 or 9.)
+CLI_SEEDS = {"EagleDropEveryPass": "1", "MambaEagleMargin": "1", "SwaWindowNotMinusOne": "2"}
 CLI_MAX_EXAMPLES = "150"
 CLI_MAX_ROUNDS = "4"
 
