@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import precondition, rule
 
 from kvoracle.reference import ManagerConfig
+from kvoracle.spec import block_pool as pool_spec
 
 from .. import steps
 from ..adapter import Capabilities
@@ -397,12 +398,22 @@ class OneGroupRules:
     def _can_reset(self) -> bool:
         return self.caps.reset and self._can("reset_prefix_cache")
 
+    def _one_block_short_of_reset(self) -> bool:
+        """Whether exactly one block is held: the smallest state in which a reset must fail."""
+        pool = self.model.manager.pool
+        return pool_spec.can_reset_prefix_cache(pool.num_free_blocks() + 1, self._config().num_blocks)
+
     @precondition(lambda self: self._can_evict() or self._can_reset())
     @rule(data=st.data())
     def maintenance(self, data: st.DataObject) -> None:
         """A connector evicts blocks, or an RL loop resets the prefix cache."""
-        kinds = (["evict"] * 2 if self._can_evict() else []) + \
-            (["reset"] if self._can_reset() else [])
+        # A reset one time in three, but three in four where exactly one block is held: the
+        # boundary of KV-POOL-014, which a count off by one lets through, and which 3 % of the
+        # steps reach (seed 6), too few to meet a reset at the old odds in most seeds' first
+        # fifty examples.
+        boundary = self._can_reset() and self._one_block_short_of_reset()
+        kinds = (["evict"] * (1 if boundary else 2) if self._can_evict() else []) + \
+            (["reset"] * (3 if boundary else 1) if self._can_reset() else [])
         if data.draw(st.sampled_from(kinds), label="maintenance") == "reset":
             self.driver.apply(steps.ResetPrefixCache())
             return
