@@ -317,7 +317,7 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     ``eagle`` fixes EAGLE on or off instead of drawing it. With ``window_of_one`` (the lookup
     suite), one EAGLE model in four is full attention and a sliding window of 1: the loop's single
     pass then decides the hit, and a second pass would look the verified window up again without
-    its drop (KV-HYB-005). Drawn among all the shapes it is one EAGLE model in twenty, which some
+    its drop (KV-HYB-005). Drawn among all the shapes it is about one EAGLE model in 22, which some
     seeds' examples never met. Without the flag the draws are what they were (the external-store
     suite's models).
     """
