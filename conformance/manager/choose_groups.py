@@ -355,7 +355,7 @@ class GroupsRules:
         if not self.caps.evict or (self.caps.reset and (data.draw(st.integers(0, 3), label="reset") == 0) != boundary):
             self.driver.apply(ResetPrefixCache())
             return
-        cached = sorted({b for blocks in (self.driver.model.observe().cached or {}).values() for b in blocks})
+        cached = sorted({b for blocks in (observed.cached or {}).values() for b in blocks})
         any_block = st.integers(1, self.driver.setup.num_blocks - 1)
         chosen = data.draw(st.lists(st.sampled_from(cached) if cached else any_block, max_size=3)
                            | st.lists(any_block, max_size=2), label="block ids")
