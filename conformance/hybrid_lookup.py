@@ -122,6 +122,7 @@ from .harness import picture as draw
 from .harness import returns
 from .harness.capabilities import Capabilities
 from .harness.driver import Driver
+from .harness.kept import kept, sampled
 from .harness.machine import SuiteMachine
 from .harness.suites import SuiteDef, register_suite
 
@@ -447,6 +448,8 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     return HybridSetup(groups, hash_size, num_blocks, eagle, tuple(prompts))
 
 
+# The rules' strategies are built once per shape (:mod:`.harness.kept`).
+@kept
 def _masks(length: int) -> st.SearchStrategy[tuple[bool, ...]]:
     dense = st.integers(0, length).map(lambda k: (True,) * k)
     sparse = st.lists(st.booleans(), min_size=0, max_size=length).map(tuple)
@@ -456,6 +459,7 @@ def _masks(length: int) -> st.SearchStrategy[tuple[bool, ...]]:
     return dense | sparse | holes | mostly
 
 
+@kept
 def _short_run_after_hole(length: int, need: int) -> st.SearchStrategy[tuple[bool, ...]]:
     """Masks for a window needing ``need`` contiguous blocks: cached up to a block ``end``, but
     for one hole that leaves a run of 1 .. need - 1 blocks after it and enough before it, so that
@@ -467,12 +471,54 @@ def _short_run_after_hole(length: int, need: int) -> st.SearchStrategy[tuple[boo
         lambda end_short: tuple(j != end_short[0] - end_short[1] - 1 for j in range(end_short[0])))
 
 
+@kept
 def _segment_end_holes(length: int, per_segment: int) -> st.SearchStrategy[tuple[bool, ...]]:
     """Masks of ``length`` blocks, every block cached but the last of up to two of the aligned
     segments of ``per_segment`` blocks."""
     segments = st.sets(st.integers(0, max(length // per_segment - 1, 0)), min_size=1, max_size=2)
     return segments.map(lambda ends: tuple((j + 1) % per_segment != 0 or (j + 1) // per_segment - 1 not in ends
                                            for j in range(length)))
+
+
+@kept
+def _hash_masks(hash_blocks: int) -> st.SearchStrategy[tuple[bool, ...]]:
+    """One mask over a prompt's hash blocks for every group: mostly a cached prefix."""
+    dense = st.integers(0, hash_blocks).map(lambda k: (True,) * k)
+    return dense | dense | _masks(hash_blocks)
+
+
+@kept
+def _group_masks(length: int, per_segment: int | None, need: int | None) -> st.SearchStrategy[tuple[bool, ...]]:
+    """A group's own mask of ``length`` blocks: four in five blocks cached, now and then all.
+    ``per_segment``: the blocks of an aligned segment, for a group finer than the alignment;
+    ``need``: the contiguous blocks a sliding-window group's hit needs."""
+    holes = st.lists(MOSTLY_TRUE, min_size=length, max_size=length).map(tuple)
+    whole = st.just((True,) * length)  # a group wholly cached: the others then decide the hit
+    masks = holes | holes | whole
+    if per_segment is not None:
+        # The last block of an aligned segment missing: a window's run or a Mamba state may
+        # not end just before it, only at an aligned boundary (KV-SWA-005, KV-MAMBA-001).
+        masks |= _segment_end_holes(length, per_segment)
+    if need is not None:
+        # Random holes leave a run too short to hit after a hole and a long one before it only
+        # now and then, and only where the groups looked up before the window hit past the
+        # hole: shaped on purpose, half as often as those.
+        masks |= _short_run_after_hole(length, need)
+    return masks
+
+
+@kept
+def _bounds(tokens: int, alignment: int) -> st.SearchStrategy[int | None]:
+    """A lookup's bound: mostly none; or any, a few aligned blocks, or an aligned boundary."""
+    near = min(tokens, 3 * alignment)
+    aligned = st.integers(0, tokens // alignment).map(lambda k: k * alignment)
+    return st.none() | st.none() | st.none() | st.integers(0, tokens) | st.integers(0, near) | aligned
+
+
+@kept
+def _setups(partial_hits: bool, eagle: bool) -> st.SearchStrategy[HybridSetup]:
+    """The lookup suite's models: with partial hits or not, EAGLE on or off, windows of one."""
+    return hybrid_setups(partial_hits, eagle=eagle, window_of_one=True)
 
 
 # -- judging -------------------------------------------------------------------------------
@@ -1184,8 +1230,7 @@ class HybridLookupMachine(SuiteMachine):
         # examples are what a strategy argument drew.)
         part = self.draw_part(data)
         partial = self.driver.verdicts.capabilities.mamba_partial_hits and self.can("seed_partial_entry")
-        self.driver.apply(data.draw(hybrid_setups(partial, eagle=part == EAGLE_ON, window_of_one=True),
-                                    label="setup"))
+        self.driver.apply(data.draw(_setups(partial, part == EAGLE_ON), label="setup"))
 
     def _fine_groups(self) -> list[int]:
         """The fine-grained Mamba groups of a partial-hit model (KV-MAMBA-020), where partial
@@ -1216,9 +1261,7 @@ class HybridLookupMachine(SuiteMachine):
         setup = self.driver.setup
         prompt = data.draw(st.integers(0, len(setup.prompts) - 1), label="prompt")
         tokens = len(setup.prompts[prompt])
-        hash_blocks = tokens // setup.hash_block_size
-        dense = st.integers(0, hash_blocks).map(lambda k: (True,) * k)
-        mask = data.draw(dense | dense | _masks(hash_blocks), label="hash mask")
+        mask = data.draw(_hash_masks(tokens // setup.hash_block_size), label="hash mask")
         self.seeded.append(prompt)
         self.touched.append(prompt)
         # Or (two times in three) each group its own random holes, four in five blocks cached:
@@ -1230,21 +1273,9 @@ class HybridLookupMachine(SuiteMachine):
             per = size // setup.hash_block_size
             length = min(tokens // size, setup.num_blocks - 1)
             if independent:
-                # A group now and then wholly cached: the others then decide the hit.
-                holes = st.lists(MOSTLY_TRUE, min_size=length, max_size=length).map(tuple)
-                whole = st.just((True,) * length)
-                masks = holes | holes | whole
-                if size < alignment:
-                    # A group finer than the alignment missing the last block of an aligned
-                    # segment: a window's run or a Mamba state may not end just before it,
-                    # only at an aligned boundary (KV-SWA-005, KV-MAMBA-001).
-                    masks |= _segment_end_holes(length, alignment // size)
-                if kind == spec.SLIDING_WINDOW:
-                    # Random holes leave a run too short to hit after a hole and a long one
-                    # before it only now and then, and only where the groups looked up before
-                    # the window hit past the hole: shaped on purpose, half as often as those.
-                    masks |= _short_run_after_hole(length, sliding_window.contiguous_blocks_needed(
-                        window, size, setup.use_eagle))
+                need = sliding_window.contiguous_blocks_needed(window, size, setup.use_eagle) \
+                    if kind == spec.SLIDING_WINDOW else None
+                masks = _group_masks(length, alignment // size if size < alignment else None, need)
                 self.driver.apply(Seed(prompt, group, data.draw(masks, label="mask")))
                 continue
             self.driver.apply(Seed(prompt, group, tuple(
@@ -1273,18 +1304,14 @@ class HybridLookupMachine(SuiteMachine):
         setup = self.driver.setup
         # Mostly (four times in five) a prompt seeded in every group: those can hit.
         seeded = self.seeded and data.draw(st.integers(0, 4), label="a seeded prompt") > 0
-        prompt = data.draw(st.sampled_from(self.seeded) if seeded
+        prompt = data.draw(sampled(self.seeded) if seeded
                            else st.integers(0, len(setup.prompts) - 1), label="prompt")
         # Or bounded, now and then to a few aligned blocks: every group then tends to accept the whole
         # bound, and a group answering past it (KV-MAMBA-002) shows. Or on an aligned boundary, where
         # a window group finer than the alignment is looked up at the bound itself and its run must
         # end there or at an earlier boundary (KV-SWA-005).
-        tokens = len(setup.prompts[prompt])
-        alignment = _lcm([size for _, size, _ in setup.groups])
-        near = min(tokens, 3 * alignment)
-        aligned = st.integers(0, tokens // alignment).map(lambda k: k * alignment)
-        bound = data.draw(st.none() | st.none() | st.none() | st.integers(0, tokens) | st.integers(0, near)
-                          | aligned, label="bound")
+        bound = data.draw(_bounds(len(setup.prompts[prompt]), _lcm([size for _, size, _ in setup.groups])),
+                          label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
     @precondition(lambda self: not self._alive())
