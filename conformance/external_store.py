@@ -78,10 +78,9 @@ from kvoracle.spec.lifecycle import cdiv
 from .harness import picture as draw
 from .harness import returns
 from .harness.driver import Driver
-from .harness.kept import kept, sampled
 from .harness.machine import SuiteMachine
 from .harness.suites import SuiteDef, register_suite
-from .hybrid_lookup import EAGLE_ON, MOSTLY_TRUE, PARTS, GroupDesc, HybridSetup, _kv_spec, hybrid_setups
+from .hybrid_lookup import EAGLE_ON, MOSTLY_TRUE, PARTS, GroupDesc, _kv_spec, hybrid_setups
 
 #: Per-group masks, as plain tuples.
 Masks = tuple[tuple[bool, ...], ...]
@@ -227,33 +226,14 @@ class ReferenceExternalStore:
 
 
 # -- generation ----------------------------------------------------------------------------
-# The rules' strategies are built once per shape (:mod:`.harness.kept`).
-@kept
-def _hybrid_setups(eagle: bool | None) -> st.SearchStrategy[HybridSetup]:
-    return hybrid_setups(eagle=eagle)
-
-
-@kept
-def _store_setups(partial: bool, eagle: bool) -> st.SearchStrategy[StoreSetup]:
-    return store_setups(partial, eagle=eagle)
-
-
-@kept
-def _bounds(length: int, hashed: int, alignment: int) -> st.SearchStrategy[int | None]:
-    """A lookup's bound: mostly none; or any; or one to three aligned blocks below the hashed
-    tokens."""
-    short = st.integers(0, 2).map(lambda blocks: max(0, hashed - (blocks + 1) * alignment))
-    return st.none() | st.none() | st.integers(0, length) | short
-
-
 @st.composite
 def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = None) -> StoreSetup:
     """Hybrid configurations (hybrid_lookup's generator) with EAGLE marks, or -- for engines
     with partial hash hits -- full attention and Mamba with Mamba blocks above the hash block.
     ``eagle`` fixes EAGLE on or off (partial-hit models have it off) instead of drawing it."""
     if partial and not eagle and draw(st.booleans(), label="partial"):
-        hash_size = draw(sampled([1, 2, 4]), label="hash_block_size")
-        block = hash_size * draw(sampled([2, 3, 4]), label="blocks per hash")
+        hash_size = draw(st.sampled_from([1, 2, 4]), label="hash_block_size")
+        block = hash_size * draw(st.sampled_from([2, 3, 4]), label="blocks per hash")
         groups: tuple[GroupDesc, ...] = ((hybrid_spec.FULL, block, 0), (hybrid_spec.MAMBA, block, 0))
         if draw(st.booleans(), label="fine full group"):
             groups = (*groups, (hybrid_spec.FULL, hash_size, 0))
@@ -261,7 +241,7 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
         prefix = draw(tokens)
         prompts = tuple(tuple(prefix + draw(tokens)) for _ in range(draw(st.integers(1, 3))))
         return StoreSetup(groups, hash_size, False, tuple(False for _ in groups), prompts, partial=True)
-    hybrid = draw(_hybrid_setups(eagle))
+    hybrid = draw(hybrid_setups(eagle=eagle))
     if hybrid.use_eagle and draw(st.integers(0, 5), label="marked mamba") == 0:
         # Full attention and a marked Mamba group, both at the hash block, so the alignment is
         # one block and equals the attention groups' EAGLE look-ahead. The store writes no Mamba
@@ -276,7 +256,7 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
         # Several KV-cache groups sharing one spec (a target and a draft group): the store
         # looks the spec group up once, without the EAGLE look-ahead (KV-EXT-013), which a
         # Mamba group never has.
-        shared = draw(sampled([g for g in hybrid.groups if g[0] != hybrid_spec.MAMBA] or hybrid.groups),
+        shared = draw(st.sampled_from([g for g in hybrid.groups if g[0] != hybrid_spec.MAMBA] or hybrid.groups),
                       label="shared spec")
         hybrid = attrs.evolve(hybrid, groups=(shared,) * len(hybrid.groups))
     if draw(st.integers(0, 2 if hybrid.use_eagle else 3), label="window of 1") == 0:
@@ -318,7 +298,7 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
     flaggable = [kind != hybrid_spec.CHUNKED_LOCAL for kind, _, _ in hybrid.groups]
     # A draft group needs a second spec group to show which of a spec group's members the
     # store read the mark from: with one spec group the store marks it either way.
-    marks = draw(sampled(["none", "some", "some", "draft"] if len(set(hybrid.groups)) > 1 and any(flaggable)
+    marks = draw(st.sampled_from(["none", "some", "some", "draft"] if len(set(hybrid.groups)) > 1 and any(flaggable)
                                  else ["none", "some", "some"]), label="eagle marks")
     if marks == "draft":
         # A draft model's layers as vLLM lays them out: a KV-cache group of its own, after the
@@ -326,10 +306,10 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
         # another target group). Its spec group's drop then comes from a member that is not
         # the spec group's first (KV-HYB-002); with EAGLE on, a store that reads only the first
         # member's mark gives every group the drop (no group marked) or that spec group none.
-        target = draw(sampled([g for g, ok in enumerate(flaggable) if ok]), label="drafted group")
+        target = draw(st.sampled_from([g for g, ok in enumerate(flaggable) if ok]), label="drafted group")
         groups = (*hybrid.groups, hybrid.groups[target])
         others = [g for g, ok in enumerate(flaggable) if ok and hybrid.groups[g] != hybrid.groups[target]]
-        also = draw(sampled(others), label="also marked") if others and draw(
+        also = draw(st.sampled_from(others), label="also marked") if others and draw(
             st.booleans(), label="another mark") else None
         flags = tuple(g == len(groups) - 1 or g == also for g in range(len(groups)))
         return StoreSetup(groups, hybrid.hash_block_size, hybrid.use_eagle, flags, hybrid.prompts)
@@ -695,7 +675,7 @@ class ExternalStoreMachine(SuiteMachine):
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
         part = self.draw_part(data)
-        self.driver.apply(data.draw(_store_setups(type(self).partial, part == EAGLE_ON), label="setup"))
+        self.driver.apply(data.draw(store_setups(type(self).partial, eagle=part == EAGLE_ON), label="setup"))
         if self._alive() and self.driver.setup.partial and data.draw(st.integers(0, 2), label="first put"):
             # Partial hash hits: most examples start from keys at arbitrary hash boundaries of one
             # prompt in every group, looked up at once (a hit the groups trim to a boundary one
@@ -754,7 +734,7 @@ class ExternalStoreMachine(SuiteMachine):
 
     def _prompt(self, data: st.DataObject) -> int:
         setup = self.driver.setup
-        return data.draw(sampled(self.touched) if self.touched and data.draw(st.booleans())
+        return data.draw(st.sampled_from(self.touched) if self.touched and data.draw(st.booleans())
                          else st.integers(0, len(setup.prompts) - 1), label="prompt")
 
     @precondition(lambda self: self._alive() and not self.driver.setup.partial)
@@ -803,7 +783,8 @@ class ExternalStoreMachine(SuiteMachine):
         # A bound a block or more below the hashed tokens leaves room for the EAGLE look-ahead
         # (KV-HYB-007), which a store looking one spec group up directly skips (KV-EXT-013).
         hashed = length // setup.hash_block_size * setup.hash_block_size
-        bound = data.draw(_bounds(length, hashed, setup.scheduler_block_size), label="bound")
+        short = st.integers(0, 2).map(lambda blocks: max(0, hashed - (blocks + 1) * setup.scheduler_block_size))
+        bound = data.draw(st.none() | st.none() | st.integers(0, length) | short, label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
     @rule()
