@@ -122,7 +122,6 @@ from .harness import picture as draw
 from .harness import returns
 from .harness.capabilities import Capabilities
 from .harness.driver import Driver
-from .harness.kept import kept, sampled
 from .harness.machine import SuiteMachine
 from .harness.suites import SuiteDef, register_suite
 
@@ -448,7 +447,15 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     return HybridSetup(groups, hash_size, num_blocks, eagle, tuple(prompts))
 
 
-# The rules' strategies are built once per shape (:mod:`.harness.kept`).
+# The rules' strategies are built once per shape and kept. Hypothesis validates a strategy
+# object, and works out whether it can be empty or reuse its values, the first time it is drawn
+# from; built anew at every draw, that work was about a third of this suite's time against vLLM
+# (py-spy), shrinks included. A kept strategy draws exactly what a new equal one would: the
+# draws depend on its shape and the choices given, not on its identity. Typed, so that a
+# ``True`` argument is not taken for ``1``; bounded, for long fuzzing sessions.
+kept = functools.lru_cache(maxsize=4096, typed=True)
+
+
 @kept
 def _masks(length: int) -> st.SearchStrategy[tuple[bool, ...]]:
     dense = st.integers(0, length).map(lambda k: (True,) * k)
@@ -1304,7 +1311,7 @@ class HybridLookupMachine(SuiteMachine):
         setup = self.driver.setup
         # Mostly (four times in five) a prompt seeded in every group: those can hit.
         seeded = self.seeded and data.draw(st.integers(0, 4), label="a seeded prompt") > 0
-        prompt = data.draw(sampled(self.seeded) if seeded
+        prompt = data.draw(st.sampled_from(self.seeded) if seeded
                            else st.integers(0, len(setup.prompts) - 1), label="prompt")
         # Or bounded, now and then to a few aligned blocks: every group then tends to accept the whole
         # bound, and a group answering past it (KV-MAMBA-002) shows. Or on an aligned boundary, where
