@@ -403,6 +403,27 @@ class OneGroupRules:
         pool = self.model.manager.pool
         return pool_spec.can_reset_prefix_cache(pool.num_free_blocks() + 1, self._config().num_blocks)
 
+    def _nothing_held(self) -> bool:
+        pool = self.model.manager.pool
+        return pool.num_free_blocks() == self._config().num_blocks - 1
+
+    def _hold_one_block(self, data: st.DataObject) -> None:
+        """A request of at most a block of fresh tokens arrives and is scheduled whole.
+
+        Waiting for the requests to end until one holding a single block is left reached
+        that state too rarely: the reference's run of seed 9 never reset there in 150
+        examples, and a reset let through with one block held went unseen. With nothing
+        held, one short prompt (too short for a hit: its last token is never hit) takes
+        exactly one block of a full-attention group.
+        """
+        config = self._config()
+        prompt = tuple(data.draw(st.lists(TOKENS, min_size=1, max_size=min(config.block_size, config.max_model_len - 1)),
+                                 label="one block of tokens"))
+        request_id = self.new_request_id()
+        self.driver.apply(steps.AddRequest(request_id, prompt))
+        if not self.driver.dead and request_id in self.model.requests:
+            self.driver.apply(steps.Schedule(request_id, num_new_tokens=len(prompt)))
+
     @precondition(lambda self: self._can_evict() or self._can_reset())
     @rule(data=st.data())
     def maintenance(self, data: st.DataObject) -> None:
@@ -415,7 +436,11 @@ class OneGroupRules:
         kinds = (["evict"] * (1 if boundary else 2) if self._can_evict() else []) + \
             (["reset"] * (3 if boundary else 1) if self._can_reset() else [])
         if data.draw(st.sampled_from(kinds), label="maintenance") == "reset":
-            self.driver.apply(steps.ResetPrefixCache())
+            if self._nothing_held() and self._can_revive() and data.draw(
+                    st.booleans(), label="hold one block first"):
+                self._hold_one_block(data)
+            if not self.driver.dead:
+                self.driver.apply(steps.ResetPrefixCache())
             return
         config = self._config()
         cached = sorted(b for blocks in self.model.manager.pool.cached.values()
