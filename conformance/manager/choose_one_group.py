@@ -417,8 +417,8 @@ class OneGroupRules:
         exactly one block of a full-attention group.
         """
         config = self._config()
-        prompt = tuple(data.draw(st.lists(TOKENS, min_size=1, max_size=min(config.block_size, config.max_model_len - 1)),
-                                 label="one block of tokens"))
+        longest = min(config.block_size, config.max_model_len - 1)
+        prompt = tuple(data.draw(st.lists(TOKENS, min_size=1, max_size=longest), label="one block of tokens"))
         request_id = self.new_request_id()
         self.driver.apply(steps.AddRequest(request_id, prompt))
         if not self.driver.dead and request_id in self.model.requests:
