@@ -279,3 +279,27 @@ def test_a_checkpoint_entry_the_table_does_not_grow_past_stays_null() -> None:
     verdicts = replay("hybrid-lifecycle", PagedReferenceEngine, steps)
     assert verdicts is not None and verdicts.outcomes["KV-MAMBA-014"].outcome == "pass"
     assert verdicts.outcomes["KV-MAMBA-014"].checks > 0
+
+
+#: Found by the paged reference's hybrid-lifecycle run at seed 1 under 1f1dd37's draws (docs/results.md,
+#: issue 18, twelfth part) and shrunk by hand: a prompt scheduled with two draft tokens, then three
+#: appended tokens scheduled at once, with a checkpoint page every block and a full group whose block is
+#: twice the Mamba block. The reference runner writes entry 6 with a state the manager's key for it
+#: (seven tokens) does not name. Which side is wrong -- the runner's checkpoint placement (KV-MAMBA-014)
+#: or the manager's keying after drafts lengthened the table (KV-MAMBA-006, -011, -017) -- is not
+#: settled yet; the case stays here, failing as expected, until it is. The reference without the store
+#: passes it, and vLLM 0.33.0 cannot arbitrate: it fails its known KV-MAMBA-017 assertion on this case.
+DRAFTS_THEN_THREE_TOKENS = [
+    ConfigureGroups((("mamba", 1, 0), ("full", 2, 0)), hash_block_size=1, num_blocks=28, max_model_len=8,
+                    enable_caching=True, mamba_checkpoint_blocks=1, mamba_checkpoint_alignment=1),
+    AddRequest("r2", (1, 2, 0, 3, 0)), Schedule("r2", 5, 2), AppendTokens("r2", (3, 3, 0)), Schedule("r2", 3)]
+
+
+@pytest.mark.xfail(raises=RuleViolation, strict=True,
+                   reason="kvoracle's own paged reference fails KV-MAMBA-015 here (not yet diagnosed)")
+def test_the_paged_reference_passes_drafts_then_three_tokens() -> None:
+    try:
+        replay("hybrid-lifecycle", PagedReferenceEngine, DRAFTS_THEN_THREE_TOKENS)
+    except RuleViolation as failure:
+        assert failure.rule_id == "KV-MAMBA-015", failure.message  # any other rule is a new failure
+        raise
