@@ -284,10 +284,14 @@ def test_a_checkpoint_entry_the_table_does_not_grow_past_stays_null() -> None:
 #: Found by the paged reference's hybrid-lifecycle run at seed 1 under 1f1dd37's draws (docs/results.md,
 #: issue 18, twelfth part) and shrunk by hand: a prompt scheduled with two draft tokens, then three
 #: appended tokens scheduled at once, with a checkpoint page every block and a full group whose block is
-#: twice the Mamba block. The reference runner writes entry 6 with a state the manager's key for it
-#: (seven tokens) does not name. Which side is wrong -- the runner's checkpoint placement (KV-MAMBA-014)
-#: or the manager's keying after drafts lengthened the table (KV-MAMBA-006, -011, -017) -- is not
-#: settled yet; the case stays here, failing as expected, until it is. The reference without the store
+#: twice the Mamba block. The second step (5 to 8 tokens) exports a checkpoint at 6 tokens (alignment 2)
+#: into entry cdiv(8, 1) - 2 = 6, and spec.mamba.step_states has the runner write it there because the
+#: entry is a page -- but that page is the first step's draft page, not one the manager reserved for a
+#: checkpoint (KV-MAMBA-006 reserves only where the table grows past the entry), so the manager keys it
+#: at its position, seven tokens (KV-MAMBA-011). The spec's premise that "a table that was longer
+#: leaves it null" does not hold after drafts. Which side is wrong -- the runner's checkpoint placement
+#: (KV-MAMBA-014/-018) or the manager's keying (KV-MAMBA-006, -011, -017) -- is not settled yet; the
+#: case stays here, failing as expected, until it is. The reference without the store
 #: passes it, and vLLM 0.33.0 cannot arbitrate: it fails its known KV-MAMBA-017 assertion on this case.
 DRAFTS_THEN_THREE_TOKENS = [
     ConfigureGroups((("mamba", 1, 0), ("full", 2, 0)), hash_block_size=1, num_blocks=28, max_model_len=8,
