@@ -294,8 +294,8 @@ def test_a_checkpoint_entry_the_table_does_not_grow_past_stays_null() -> None:
 #: valid, and its MambaManager._needs_internal_checkpoint reserves one only for a column past the table,
 #: null, or speculative. vLLM's scheduler never makes this step (several real tokens right after
 #: drafts), so the likely fix is the judge's: leave such a page unjudged, as KV-MAMBA-018 does for the
-#: pages a step passes. Until then the case stays here, failing as expected. The reference without the store
-#: passes it, and vLLM 0.33.0 cannot arbitrate: it fails its known KV-MAMBA-017 assertion on this case.
+#: pages a step passes. The reference without the store passes the case; vLLM 0.33.0 cannot arbitrate
+#: (it fails its known KV-MAMBA-017 assertion on it). Until the fix the case stays here, failing as expected.
 DRAFTS_THEN_THREE_TOKENS = [
     ConfigureGroups((("mamba", 1, 0), ("full", 2, 0)), hash_block_size=1, num_blocks=28, max_model_len=8,
                     enable_caching=True, mamba_checkpoint_blocks=1, mamba_checkpoint_alignment=1),
@@ -303,7 +303,8 @@ DRAFTS_THEN_THREE_TOKENS = [
 
 
 @pytest.mark.xfail(raises=RuleViolation, strict=True,
-                   reason="kvoracle's own paged reference fails KV-MAMBA-015 here (not yet diagnosed)")
+                   reason="kvoracle's own paged reference fails KV-MAMBA-015 here: a checkpoint written into a "
+                          "draft page the manager did not reserve (fix pending)")
 def test_the_paged_reference_passes_drafts_then_three_tokens() -> None:
     try:
         replay("hybrid-lifecycle", PagedReferenceEngine, DRAFTS_THEN_THREE_TOKENS)
