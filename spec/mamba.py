@@ -486,9 +486,11 @@ KV_MAMBA_018 = rule(
     only where the table grows past it); when C = jB, the state after C in
     entry j - 1 too if it is another page (the boundary copy). Every other page keeps its state.
     No state a key may name is left in a page both the checkpoint (p < C) and the boundary copy
-    reach, nor in a page whose block boundary lies strictly between the step's start and C; no
-    step of vLLM's scheduler makes either (drafts ride on one real token, prefill chunks keep
-    KV-MAMBA-016). vLLM 0.33.0's runner reads and writes entry cdiv(T, B) - 1 instead, the null
+    reach, nor in a page whose block boundary lies strictly between the step's start and C, nor
+    by a checkpoint in a page the manager did not reserve for it (one rejected drafts left in a
+    longer table, which KV-MAMBA-011 keys at its block boundary) unless p is that boundary; no
+    step of vLLM's scheduler makes any of these (drafts ride on one real token, prefill chunks
+    keep KV-MAMBA-016). vLLM 0.33.0's runner reads and writes entry cdiv(T, B) - 1 instead, the null
     block in a longer table (docs/findings/mamba-runner-null-state.md).""",
     source="vllm/v1/worker/mamba_utils.py preprocess_mamba (curr_state_idx from the step's length) / "
            "postprocess_mamba_fused_kernel (the boundary copy); vllm/v1/attention/backends/utils.py "
@@ -858,10 +860,22 @@ def reserved_checkpoint(has_checkpoint_blocks: bool, checkpoint_alignment: int, 
                                    hash_block_size, block_size, drop_eagle)
     if not position:
         return 0
-    index = checkpoint_index(query_end, block_size)
-    free_entry = index >= len(is_null) or is_null[index] or (
-        allocated and index >= len(is_null) - num_speculative_blocks)
+    free_entry = checkpoint_entry_free(checkpoint_index(query_end, block_size), is_null, allocated,
+                                       num_speculative_blocks)
     return position if free_entry else 0
+
+
+@icontract.require(lambda index, num_speculative_blocks: index >= 0 and num_speculative_blocks >= 0, enabled=ENABLED)
+@icontract.ensure(lambda result, index, is_null: result or (index < len(is_null) and not is_null[index]),
+                  "only a page already in the table is taken", enabled=ENABLED)
+@defines(KV_MAMBA_006)
+def checkpoint_entry_free(index: int, is_null: tuple[bool, ...], allocated: bool, num_speculative_blocks: int) -> bool:
+    """Whether the manager may give entry ``index`` of a table (``is_null``, as it is before
+    the step's allocation) a checkpoint page: the entry lies past the table's end, is null, or
+    is one of the speculative pages the allocation moves to the new end. A page rejected drafts
+    left in a longer table is none of these: the manager reserves no checkpoint there, though
+    the backend may still write one into it (:func:`step_states`)."""
+    return index >= len(is_null) or is_null[index] or (allocated and index >= len(is_null) - num_speculative_blocks)
 
 
 @icontract.require(lambda query_end, block_size: query_end > 0 and block_size > 0, enabled=ENABLED)
@@ -1093,36 +1107,43 @@ def _step_ok(committed: int, num_tokens: int, block_size: int, num_speculative_b
 @icontract.ensure(lambda result, checkpoint, committed: checkpoint <= committed or all(
     count != checkpoint for _, count in result), "a checkpoint past the committed tokens is a draft's state",
     enabled=ENABLED)
-@icontract.ensure(lambda result, is_null, committed, num_tokens, block_size, num_speculative_blocks, checkpoint:
-                  committed != num_tokens or len(is_null) != num_required_entries(num_tokens, block_size,
-                                                                                  num_speculative_blocks)
-                  or (checkpoint and is_null[checkpoint_index(num_tokens, block_size)])
+@icontract.ensure(lambda result, is_null, committed, num_tokens, block_size, num_speculative_blocks, checkpoint,
+                  reserved: committed != num_tokens
+                  or len(is_null) != num_required_entries(num_tokens, block_size, num_speculative_blocks)
+                  or (checkpoint and (is_null[checkpoint_index(num_tokens, block_size)] or not reserved))
                   or result == states_written(num_tokens, block_size, checkpoint),
                   "KV-MAMBA-014: a step without drafts over a table as long as it writes what states_written says",
                   enabled=ENABLED)
 @defines(KV_MAMBA_018)
 def step_states(is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int, num_tokens: int,
-                block_size: int, num_speculative_blocks: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+                block_size: int, num_speculative_blocks: int, checkpoint: int, reserved: bool
+                ) -> tuple[tuple[int, int], ...]:
     """``(table entry, state after that many tokens)`` for every page a step writes: the step
     brought the request to ``committed`` computed tokens with ``num_tokens`` main tokens (drafts
     included, all rejected) over a table whose entries are null where ``is_null`` says, and its
-    backend exported a checkpoint at ``checkpoint`` (0: none; :func:`exported_checkpoint`).
+    backend exported a checkpoint at ``checkpoint`` (0: none; :func:`exported_checkpoint`),
+    into a page the manager reserved for it this step (``reserved``:
+    :func:`checkpoint_entry_free`) or into one rejected drafts left in the table.
     ``keyed_early`` says which entries hold an earlier step's checkpoint keyed before their
     block boundary (:func:`keyed_before_boundary`).
 
     The running entry comes first. :data:`NO_STATE` marks a page the step leaves without a
-    state a key may name: a checkpoint past the committed tokens (a draft's state), and a page
-    holding a checkpoint keyed before its boundary (this step's or an earlier one's) that the
-    boundary copy reaches -- its keys name the checkpoint now and the boundary later.
+    state a key may name: a checkpoint past the committed tokens (a draft's state); a
+    checkpoint in a page the manager did not reserve, which KV-MAMBA-011 keys at its block
+    boundary, unless the checkpoint lies on that boundary; and a page holding a checkpoint
+    keyed before its boundary (this step's or an earlier one's) that the boundary copy reaches
+    -- its keys name the checkpoint now and the boundary later.
     """
     running = state_entry(len(is_null), num_tokens, block_size, num_speculative_blocks)
     states = {running: committed}
     target = checkpoint_index(num_tokens, block_size) if checkpoint else -1
     if checkpoint and not is_null[target]:
-        states[target] = checkpoint if checkpoint <= committed else NO_STATE
+        # The key the page will carry: the checkpoint's own, or (not reserved) its position's.
+        key = checkpoint if reserved else (target + 1) * block_size
+        states[target] = checkpoint if checkpoint <= committed and checkpoint == key else NO_STATE
     boundary = committed // block_size - 1 if committed % block_size == 0 else -1
     if boundary >= 0 and boundary != running and not is_null[boundary]:
-        early = keyed_early[boundary] or (boundary == target and checkpoint < committed)
+        early = keyed_early[boundary] or (boundary == target and reserved and checkpoint < committed)
         states[boundary] = NO_STATE if early else committed
     del states[running]
     return ((running, committed), *sorted(states.items()))
@@ -1138,7 +1159,7 @@ def step_states(is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], commit
 @icontract.ensure(lambda result, is_null, keyed_early, committed, num_tokens, block_size, num_speculative_blocks,
                   checkpoint: not set(result) & {i for i, _ in step_states(is_null, keyed_early, committed, num_tokens,
                                                                            block_size, num_speculative_blocks,
-                                                                           checkpoint)},
+                                                                           checkpoint, True)},
                   "a page the step writes is not passed over", enabled=ENABLED)
 @icontract.ensure(lambda result, start, committed, block_size: not result
                   or committed > (start // block_size + 1) * block_size,
@@ -1150,8 +1171,9 @@ def passed_pages(is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], start
     passed strictly inside it without writing them (:func:`step_states`): their positional key
     (KV-MAMBA-011) would name a state they never held. Empty for every step vLLM's scheduler
     makes (KV-MAMBA-016; one real token a step with or after drafts)."""
+    # Which pages a step writes does not depend on whether its checkpoint's page was reserved.
     written = {index for index, _ in step_states(is_null, keyed_early, committed, num_tokens, block_size,
-                                                 num_speculative_blocks, checkpoint)}
+                                                 num_speculative_blocks, checkpoint, True)}
     return tuple(index for index in range(start // block_size, len(is_null))
                  if start < (index + 1) * block_size < committed and not is_null[index] and index not in written)
 

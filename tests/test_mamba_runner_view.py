@@ -35,13 +35,13 @@ def test_the_findings_table() -> None:
     assert mamba.running_index(10, 4) == 2 and is_null[2]
     assert mamba.state_entry(len(table), 10, 4, 0) == 4
     none = (False,) * 5
-    assert mamba.step_states(is_null, none, 10, 10, 4, 0, 0) == ((4, 10),)
+    assert mamba.step_states(is_null, none, 10, 10, 4, 0, 0, True) == ((4, 10),)
     # At 12 tokens the state is copied to the page of that boundary too -- where there is one.
-    assert mamba.step_states((True, True, False, True, False, False), (*none, False), 12, 12, 4, 1, 0) == \
+    assert mamba.step_states((True, True, False, True, False, False), (*none, False), 12, 12, 4, 1, 0, True) == \
         ((4, 12), (2, 12))
-    assert mamba.step_states(is_null, none, 12, 12, 4, 0, 0) == ((4, 12),)
+    assert mamba.step_states(is_null, none, 12, 12, 4, 0, 0, True) == ((4, 12),)
     # A table as long as the step: KV-MAMBA-014's pages.
-    assert mamba.step_states((True, True, True, False, False), none, 10, 10, 2, 0, 8) == \
+    assert mamba.step_states((True, True, True, False, False), none, 10, 10, 2, 0, 8, True) == \
         mamba.states_written(10, 2, 8) == ((4, 10), (3, 8))
 
 
@@ -50,22 +50,22 @@ def test_pages_without_a_state() -> None:
     the committed tokens) and the boundary copy both reach holds none a key may name; a page whose
     boundary a step passes without writing it neither."""
     # 9 committed, 4 drafts (T = 13, block 2): the checkpoint at 12 lies past 9.
-    assert mamba.step_states((False,) * 7, (False,) * 7, 9, 13, 2, 0, 12) == ((6, 9), (5, NO_STATE))
+    assert mamba.step_states((False,) * 7, (False,) * 7, 9, 13, 2, 0, 12, True) == ((6, 9), (5, NO_STATE))
     # Drafts on 8 real tokens (T = 10, block 2, alignment 4): checkpoint 4 in entry 3, copy at 8 too.
     none = (False,) * 5
-    assert mamba.step_states((True, True, True, False, False), none, 8, 10, 2, 0, 4) == ((4, 8), (3, NO_STATE))
+    assert mamba.step_states((True, True, True, False, False), none, 8, 10, 2, 0, 4, True) == ((4, 8), (3, NO_STATE))
     # Block 1, alignment 2: one token and two drafts (T = 12) keyed its checkpoint page, entry 10,
     # at 10; the next step of one token (T = 11, the table one entry longer) reaches that page's
     # boundary 11 with the copy. The page's keys name 10 now and 11 later.
     assert mamba.keyed_before_boundary(10, 10, 10, 1) and not mamba.keyed_before_boundary(10, 11, 11, 1)
     is_null = (True,) * 10 + (False, False)
     early = (False,) * 10 + (True, False)
-    assert mamba.step_states(is_null, early, 11, 11, 1, 0, 0) == ((11, 11), (10, NO_STATE))
-    assert mamba.step_states(is_null, (False,) * 12, 11, 11, 1, 0, 0) == ((11, 11), (10, 11))
+    assert mamba.step_states(is_null, early, 11, 11, 1, 0, 0, True) == ((11, 11), (10, NO_STATE))
+    assert mamba.step_states(is_null, (False,) * 12, 11, 11, 1, 0, 0, True) == ((11, 11), (10, 11))
     # Several real tokens after a step with drafts: page 2 held the state after 5 in a table that
     # step grew; the next step runs from 5 to 8 over its boundary 6.
     is_null = (True, True, False, False)
-    assert mamba.step_states(is_null, (False,) * 4, 8, 8, 2, 0, 0) == ((3, 8),)
+    assert mamba.step_states(is_null, (False,) * 4, 8, 8, 2, 0, 0, True) == ((3, 8),)
     assert mamba.passed_pages(is_null, (False,) * 4, 5, 8, 8, 2, 0, 0) == (2,)
     assert mamba.passed_pages(is_null, (False,) * 4, 5, 6, 6, 2, 1, 0) == ()
 
@@ -83,7 +83,7 @@ def test_step_states_against_the_table(length: int, extra: int, committed: int, 
                                        max_size=required + extra - 1 - speculative))) + (False,) * (1 + speculative)
     start = data.draw(st.integers(0, committed - 1))
     early = tuple(data.draw(st.lists(st.booleans(), min_size=len(is_null), max_size=len(is_null))))
-    states = mamba.step_states(is_null, early, committed, num_tokens, block_size, speculative, 0)
+    states = mamba.step_states(is_null, early, committed, num_tokens, block_size, speculative, 0, True)
     running = states[0][0]
     assert running == len(is_null) - 1 - speculative >= mamba.running_index(num_tokens, block_size)
     assert (running == mamba.running_index(num_tokens, block_size)) == (extra == 0)
@@ -127,7 +127,8 @@ def _run(steps: Sequence[tuple[int, int]], block_size: int, speculative: int, al
                 writes += ((mamba.checkpoint_index(main, block_size), exported if exported <= committed else NO_STATE),)
         else:
             keyed_early = tuple(page in early for page in table)
-            writes = mamba.step_states(is_null, keyed_early, committed, main, block_size, speculative, exported)
+            writes = mamba.step_states(is_null, keyed_early, committed, main, block_size, speculative, exported,
+                                       bool(position))
             running = writes[0][0]
             for index in mamba.passed_pages(is_null, keyed_early, computed, committed, main, block_size, speculative,
                                             exported):
@@ -238,3 +239,23 @@ def test_several_real_tokens_after_drafts_pass_a_page() -> None:
     assert wrong[0] == "step 5 -> 9 passes entry 3 of [-1, -1, -1, 1, 2]", wrong
     assert "page 1 keyed at 8 holds 5" in wrong, (key, wrong)
     assert not _run([(4, 0), (1, 2), (1, 0), (1, 0), (1, 0), (1, 0)], 2, 0, 2, 0)[2]  # one token a step
+
+
+def test_a_checkpoint_in_a_page_drafts_left_is_left_without_a_state() -> None:
+    """What vLLM's scheduler never sends: several real tokens right after a step with drafts, with
+    a checkpoint. Block 1, alignment 2: after 4 tokens, one token with two drafts grows the table
+    to entry 6; the next step, 5 -> 8, exports its checkpoint at 6 into entry cdiv(8, 1) - 2 = 6,
+    a page the drafts left, so the manager reserves none there (checkpoint_entry_free) and keys
+    the page at its boundary, 7. The state after 6 there would break that key; the rule leaves the
+    page without a state, and a checkpoint on the boundary itself would keep it."""
+    before = (True,) * 5 + (False,) * 2  # the table the manager saw: entries 5 (running) and 6 (drafts)
+    assert not mamba.checkpoint_entry_free(6, before, True, 0) and mamba.checkpoint_entry_free(7, before, True, 0)
+    assert mamba.checkpoint_entry_free(6, before, True, 1)  # a speculative page moves away: free
+    is_null = (True,) * 5 + (False,) * 3
+    assert mamba.step_states(is_null, (False,) * 8, 8, 8, 1, 0, 6, False) == ((7, 8), (6, NO_STATE))
+    assert mamba.step_states(is_null, (False,) * 8, 8, 8, 1, 0, 6, True) == ((7, 8), (6, 6))
+    assert mamba.step_states(is_null, (False,) * 8, 8, 8, 1, 0, 7, False) == ((7, 8), (6, 7))
+    steps = [(4, 0), (1, 2), (3, 0)]
+    state, key, wrong, unjudged = _run(steps, 1, 0, 2, 1)
+    assert wrong == ["step 5 -> 8 passes entry 5 of [-1, -1, -1, -1, -1, 2, 3, 4]"], wrong
+    assert key[3] == 7 and state[3] == NO_STATE and 3 in unjudged, (key, state)

@@ -50,9 +50,9 @@ class OnePageLate(MambaStatePages):
     """Writes each state into the entry after the one it belongs to."""
 
     def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
-                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+                 query_end: int, checkpoint: int, reserved: bool) -> tuple[tuple[int, int], ...]:
         return tuple((index + 1, count) for index, count in super()._targets(
-            group, is_null, keyed_early, committed, query_end, checkpoint))
+            group, is_null, keyed_early, committed, query_end, checkpoint, reserved))
 
 
 class StartsFromScratch(MambaStatePages):
@@ -66,8 +66,8 @@ class NoCheckpoint(MambaStatePages):
     """Never writes the prefill checkpoint the backend exports."""
 
     def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
-                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
-        return super()._targets(group, is_null, keyed_early, committed, query_end, 0)
+                 query_end: int, checkpoint: int, reserved: bool) -> tuple[tuple[int, int], ...]:
+        return super()._targets(group, is_null, keyed_early, committed, query_end, 0, reserved)
 
 
 #: The finding's steps (docs/findings/mamba-runner-null-state.md): full attention and Mamba,
@@ -108,8 +108,8 @@ class NoCopyInLongerTable(MambaStatePages):
     """In a table longer than the step writes the running entry only, never the boundary's page."""
 
     def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
-                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
-        states = super()._targets(group, is_null, keyed_early, committed, query_end, checkpoint)
+                 query_end: int, checkpoint: int, reserved: bool) -> tuple[tuple[int, int], ...]:
+        states = super()._targets(group, is_null, keyed_early, committed, query_end, checkpoint, reserved)
         longer = len(is_null) > mamba_spec.num_required_entries(query_end, group.block_size,
                                                                 group.num_speculative_blocks)
         return states[:1] if longer else states
@@ -120,11 +120,21 @@ class CopyOverCheckpoint(MambaStatePages):
     vLLM's forward pass and postprocess_mamba) instead of leaving the page without a state."""
 
     def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
-                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+                 query_end: int, checkpoint: int, reserved: bool) -> tuple[tuple[int, int], ...]:
         boundary = committed // group.block_size - 1 if committed % group.block_size == 0 else -1
         return tuple((index, committed if index == boundary and count == mamba_spec.NO_STATE else count)
                      for index, count in super()._targets(group, is_null, keyed_early, committed, query_end,
-                                                          checkpoint))
+                                                          checkpoint, reserved))
+
+
+class CheckpointInAnyPage(MambaStatePages):
+    """Counts every checkpoint as one the manager reserved, as the store did before KV-MAMBA-018
+    named a checkpoint in a page rejected drafts left (keyed at its boundary, not at the checkpoint)."""
+
+    def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
+                 query_end: int, checkpoint: int, reserved: bool) -> tuple[tuple[int, int], ...]:
+        return super()._targets(group, is_null, keyed_early, committed, query_end, checkpoint, True)
+
 
 class _WithoutPartialHits(PagedReferenceEngine):
     """The paged reference as these runners' searches were measured: before its runner made the copies
@@ -285,29 +295,31 @@ def test_a_checkpoint_entry_the_table_does_not_grow_past_stays_null() -> None:
 #: issue 18, twelfth part) and shrunk by hand: a prompt scheduled with two draft tokens, then three
 #: appended tokens scheduled at once, with a checkpoint page every block and a full group whose block is
 #: twice the Mamba block. The second step (5 to 8 tokens) exports a checkpoint at 6 tokens (alignment 2)
-#: into entry cdiv(8, 1) - 2 = 6, and spec.mamba.step_states has the runner write it there because the
-#: entry is a page -- but that page is the first step's draft page, not one the manager reserved for a
-#: checkpoint (KV-MAMBA-006 reserves only where the table grows past the entry), so the manager keys it
-#: at its position, seven tokens (KV-MAMBA-011). The spec's premise that "a table that was longer
-#: leaves it null" does not hold after drafts. Both sides follow vLLM 0.33.0's source: its runner
-#: (compute_mamba_prefill_checkpoints) writes the checkpoint into that column whenever the position is
-#: valid, and its MambaManager._needs_internal_checkpoint reserves one only for a column past the table,
-#: null, or speculative. vLLM's scheduler never makes this step (several real tokens right after
-#: drafts), so the likely fix is the judge's: leave such a page unjudged, as KV-MAMBA-018 does for the
-#: pages a step passes. The reference without the store passes the case; vLLM 0.33.0 cannot arbitrate
-#: (it fails its known KV-MAMBA-017 assertion on it). Until the fix the case stays here, failing as expected.
+#: into entry cdiv(8, 1) - 2 = 6, which is the first step's draft page: the manager reserved no
+#: checkpoint there (KV-MAMBA-006, spec.mamba.checkpoint_entry_free) and keys the page at its position,
+#: seven tokens (KV-MAMBA-011). Both sides follow vLLM 0.33.0's source (compute_mamba_prefill_checkpoints
+#: writes into that column whenever the position is valid; MambaManager._needs_internal_checkpoint
+#: reserves only a column past the table, null, or speculative); its scheduler never makes the step
+#: (several real tokens right after drafts). Until KV-MAMBA-018 named such a page as one without a state a
+#: key may name, kvoracle's own paged reference failed KV-MAMBA-015 here.
 DRAFTS_THEN_THREE_TOKENS = [
     ConfigureGroups((("mamba", 1, 0), ("full", 2, 0)), hash_block_size=1, num_blocks=28, max_model_len=8,
                     enable_caching=True, mamba_checkpoint_blocks=1, mamba_checkpoint_alignment=1),
     AddRequest("r2", (1, 2, 0, 3, 0)), Schedule("r2", 5, 2), AppendTokens("r2", (3, 3, 0)), Schedule("r2", 3)]
 
 
-@pytest.mark.xfail(raises=RuleViolation, strict=True,
-                   reason="kvoracle's own paged reference fails KV-MAMBA-015 here: a checkpoint written into a "
-                          "draft page the manager did not reserve (fix pending)")
 def test_the_paged_reference_passes_drafts_then_three_tokens() -> None:
-    try:
-        replay("hybrid-lifecycle", PagedReferenceEngine, DRAFTS_THEN_THREE_TOKENS)
-    except RuleViolation as failure:
-        assert failure.rule_id == "KV-MAMBA-015", failure.message  # any other rule is a new failure
-        raise
+    """The runner leaves a checkpoint written into a page the manager did not reserve unjudged
+    (KV-MAMBA-018), and the pages it does judge hold their keys' states."""
+    verdicts = replay("hybrid-lifecycle", PagedReferenceEngine, DRAFTS_THEN_THREE_TOKENS)
+    assert verdicts is not None
+    for rule_id in ("KV-MAMBA-014", "KV-MAMBA-015"):
+        assert verdicts.outcomes[rule_id].outcome == "pass" and verdicts.outcomes[rule_id].checks > 0, rule_id
+
+
+def test_a_runner_that_counts_every_checkpoint_as_reserved_is_convicted() -> None:
+    """The same steps with the checkpoint's state counted as the page's: the page is keyed at seven
+    tokens and holds the state after six, which KV-MAMBA-015 convicts."""
+    with pytest.raises(RuleViolation) as caught:
+        replay("hybrid-lifecycle", _engine(CheckpointInAnyPage), DRAFTS_THEN_THREE_TOKENS)
+    assert caught.value.rule_id == "KV-MAMBA-015", caught.value

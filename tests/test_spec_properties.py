@@ -168,6 +168,7 @@ TESTED = {
     "mamba.aligned_chunk_end",  # tests/test_mamba_align_spec.py
     # KV-MAMBA-018: tests/test_mamba_runner_view.py
     "mamba.state_entry", "mamba.step_states", "mamba.passed_pages", "mamba.keyed_before_boundary",
+    "mamba.checkpoint_entry_free",  # there, and through reserved_checkpoint, which calls it
     # KV-MAMBA-019 .. 025 (partial hits): tests/test_mamba_partial_spec.py
     "mamba.partial_hits_enabled", "mamba.hit_alignment", "mamba.partial_hit_length", "mamba.shared_entry",
     "mamba.tail_entry", "mamba.checkpoint_keeps_key", "mamba.copy_action", "mamba.copy_pages",

@@ -23,9 +23,11 @@ tokens (KV-MAMBA-015), when a hit offers it and for as long as it stays cached.
 
 Draft tokens are always rejected in kvoracle's steps: a checkpoint past the committed tokens
 holds a draft's state. That page, a page holding a checkpoint keyed before its block boundary
-that the boundary copy reaches, and a page whose block boundary a step passed without writing
-it (drafts on several real tokens, or several real tokens right after a step with drafts: the
-suite's driver sends both, vLLM's scheduler neither) hold no state a key may name
+that the boundary copy reaches, a page whose block boundary a step passed without writing
+it, and a page rejected drafts left in the table that the backend writes a checkpoint into
+though the manager reserved none there (drafts on several real tokens, or several real tokens
+right after a step with drafts: the suite's driver sends both, vLLM's scheduler neither) hold
+no state a key may name
 (``NO_STATE``): they are written :data:`UNKNOWN_STATE` and not judged. The request itself
 stays in the model; one that starts from a page holding :data:`UNKNOWN_STATE` (a hit on such a
 page) leaves it, and every page it holds is marked from then on.
@@ -108,6 +110,10 @@ class RunnerState:
     #: Group id -> the pages holding a checkpoint keyed before their block boundary
     #: (``spec.mamba.keyed_before_boundary``), by block id.
     keyed_early: dict[int, set[int]] = attrs.Factory(dict)
+    #: Group id -> which entries of the table were null after the request's last step: the
+    #: table the manager saw when it decided whether to reserve this step's checkpoint page.
+    #: (What it frees in between, KV-MAMBA-010, lies before the pages a checkpoint can take.)
+    last_tables: dict[int, tuple[bool, ...]] = attrs.Factory(dict)
 
 
 class MambaStatePages:
@@ -145,12 +151,12 @@ class MambaStatePages:
         return mamba_spec.state_entry(table.numel(), query_end, group.block_size, group.num_speculative_blocks)
 
     def _targets(self, group: AlignGroup, is_null: tuple[bool, ...], keyed_early: tuple[bool, ...], committed: int,
-                 query_end: int, checkpoint: int) -> tuple[tuple[int, int], ...]:
+                 query_end: int, checkpoint: int, reserved: bool) -> tuple[tuple[int, int], ...]:
         """(entry, state after that many tokens, or ``NO_STATE``) for every page the step writes
         (KV-MAMBA-018; over a table as long as a step without drafts, KV-MAMBA-014's
         ``states_written``)."""
         return mamba_spec.step_states(is_null, keyed_early, committed, query_end, group.block_size,
-                                      group.num_speculative_blocks, checkpoint)
+                                      group.num_speculative_blocks, checkpoint, reserved)
 
     def forget(self, request_id: str) -> None:
         """A finished or preempted request: its next step starts from its table again."""
@@ -198,6 +204,13 @@ class MambaStatePages:
             running = self._running_entry(group, table, query_end)
             runner.state_index[group.group_id] = running
             checkpoint = group.checkpoint(start, query_end)
+            # Whether the manager reserved the checkpoint's page, judged on the table it saw then
+            # (a request's first step: none, so any entry is free).
+            last_table = runner.last_tables.get(group.group_id, ())
+            reserved = bool(checkpoint) and mamba_spec.checkpoint_entry_free(
+                mamba_spec.checkpoint_index(query_end, group.block_size), last_table,
+                group.group_id in runner.last_tables, group.num_speculative_blocks)
+            runner.last_tables[group.group_id] = tuple(int(block) == 0 for block in table.tolist())
             missing = self._missing_page(group, table, running, committed, query_end, checkpoint)
             if missing is not None:
                 if not runner.unknown:
@@ -220,7 +233,7 @@ class MambaStatePages:
                                              group.num_speculative_blocks, checkpoint)
             for index in passed:
                 self._write(group, table, index, UNKNOWN_STATE)
-            targets = self._targets(group, is_null, keyed_early, committed, query_end, checkpoint)
+            targets = self._targets(group, is_null, keyed_early, committed, query_end, checkpoint, reserved)
             target = mamba_spec.checkpoint_index(query_end, group.block_size) if checkpoint else -1
             for index, count in targets:
                 if 0 <= index < len(blocks):
