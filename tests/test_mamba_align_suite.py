@@ -64,12 +64,21 @@ def test_broken_engine_is_convicted_on_its_case(name: str) -> None:
 # Every case is searched for, the negative need too: it needs rejected drafts, another group and
 # a look-ahead the pool falls short of by no more than the Mamba table shrank, which the
 # reject_drafts rule sets up by crowding the pool (seed 0 convicts it in about 25 s of CPU).
+#
+# A broken engine that also breaks another rule first, in some models, is searched past its first
+# failure (see tests/searches.py), and that other rule must be among those charged too:
+# ``caches no state`` skips the partial tail's key as well, and where partial hits are on a prompt's
+# first state is often its partial tail (KV-MAMBA-021).
+ALSO_BREAKS = {"caches no state": "KV-MAMBA-021"}
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_broken_engine_is_found_by_the_suite(name: str, tmp_path) -> None:
     groups_class, rule_id, _ = CASES[name]
     engine = groups_engine(groups_class, need_contracts=False)
-    failed = rules_found(search(engine, "hybrid-lifecycle", tmp_path))
+    failed = rules_found(search(engine, "hybrid-lifecycle", tmp_path, fail_fast=name not in ALSO_BREAKS))
     assert rule_id in failed, failed
+    assert failed <= {rule_id, ALSO_BREAKS.get(name, rule_id)}, failed
 
 
 def test_table_rule_order() -> None:

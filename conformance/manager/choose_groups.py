@@ -73,8 +73,19 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
         kind = draw(st.sampled_from(kinds), label="kind")
         size = hash_size if count == 1 else hash_size * draw(st.sampled_from([1, 2, 4]), label="scale")
         drafts.append([kind, size, 0])
+    # Drawn first so that the EAGLE shape below never takes its share (chapter 8).
+    align = caching and caps.mamba_align and draw(st.integers(0, 2), label="align mamba") == 0
+    # Half the time with EAGLE, caching on, several groups and no align-mode Mamba group: a
+    # coarse full group, a sparse window of the hash block and a full group of the hash block.
+    # The window caches only the blocks it can reach, shifted by the peek block (KV-SWA-011,
+    # KV-SWA-012), a short run in it loses an alignment unit (KV-SWA-010), and the coarse group
+    # leaves partial tail entries (KV-HLC-006).
+    sparse_window = None
+    if count > 1 and eagle and caching and not align and draw(st.booleans(), label="sparse EAGLE window"):
+        sparse_window = [hybrid_spec.SLIDING_WINDOW, hash_size, 0]
+        drafts = [[hybrid_spec.FULL, hash_size * 4, 0], sparse_window, [hybrid_spec.FULL, hash_size, 0]]
     # Three times in four with EAGLE and caching on, where a partial tail entry can be left.
-    if count > 1 and draw(st.integers(0, 3 if eagle and caching else 1), label="coarse_full_group") > 0:
+    elif count > 1 and draw(st.integers(0, 3 if eagle and caching else 1), label="coarse_full_group") > 0:
         # A full-attention group coarser than the hash blocks: a prompt ending inside one of
         # its blocks leaves a partial tail entry (KV-HLC-006).
         drafts[0][:2] = [hybrid_spec.FULL, hash_size * draw(st.sampled_from([2, 4]), label="coarse scale")]
@@ -88,7 +99,7 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
                  draw(st.sampled_from([0, 0, 1, 2]), label="num_speculative_blocks")]
         drafts.insert(draw(st.integers(0, len(drafts)), label="mamba position"), mamba)
     checkpoints = (0, 0)
-    if caching and caps.mamba_align and draw(st.integers(0, 2), label="align mamba") == 0:  # chapter 8
+    if align:  # chapter 8
         # The block is the hash block (KV-MAMBA-003); the other groups' blocks are multiples of
         # it, so a hit aligns above the Mamba block whenever one of them is coarser.
         # Speculative pages three times in four: a growing table moves them (KV-MAMBA-005) and
@@ -132,8 +143,9 @@ def group_setups(draw: st.DrawFn, capabilities: Capabilities | None = None) -> C
             size = draft[1]
             tails = alignment // size - int(eagle) - 1  # the longest tail that stays sparse
             if tails >= 1:
-                windows |= st.integers(1, tails).flatmap(
+                sparse = st.integers(1, tails).flatmap(
                     lambda t, size=size: st.sampled_from([t * size + 1, (t - 1) * size + 2]))
+                windows = sparse if draft is sparse_window else windows | sparse
             draft[2] = draw(windows, label="window")
     max_model_len = alignment * draw(st.integers(4, 12), label="max_model_len blocks")
     chunked = any(kind == hybrid_spec.CHUNKED_LOCAL for kind, _, _ in drafts)
@@ -214,8 +226,12 @@ class GroupsRules:
         # It is also a second rule that starts requests: Hypothesis switches rules off at random
         # per example, and with caching off no other rule would.
         setup = self.driver.setup
-        warm = self._warm()
         fresh = self._fresh_states()
+        if not fresh and setup.align_groups and data.draw(st.booleans(), label="cache a state first"):
+            fresh = self._cache_state_now(data)
+            if self.driver.dead:
+                return
+        warm = self._warm()
         if fresh and data.draw(st.booleans(), label="fresh state"):
             # A prefix ending on a Mamba state cached in this scheduler step: the hit waits for
             # the next step (KV-MAMBA-009).
@@ -229,6 +245,29 @@ class GroupsRules:
         request_id = self.new_request_id()
         self.driver.apply(AddRequest(request_id, prompt))
         self.driver.apply(Schedule(request_id, data.draw(st.integers(1, len(prompt)), label="num_new_tokens")))
+
+    def _cache_state_now(self, data: st.DataObject) -> list[tuple[int, ...]]:
+        """A live request (or, with room for two more, a new one) is scheduled up to an aligned
+        boundary, so that an align-mode group caches a state in this step; the fresh states after."""
+        alignment = _alignment(self.driver.setup)
+        model = self.driver.model
+        behind = [r for r in self._live() if model.requests[r].num_tokens // alignment * alignment
+                  > model.requests[r].num_computed_tokens]
+        room = len(self._live()) + 2 <= MAX_LIVE_REQUESTS
+        if room and (not behind or data.draw(st.booleans(), label="new producer")):
+            # (max_model_len is at least four aligned segments)
+            segments = data.draw(st.integers(1, (self.driver.setup.max_model_len - 1) // alignment), label="segments")
+            producer = self.new_request_id()
+            self.driver.apply(AddRequest(producer, self._prompt_of_length(data, segments * alignment)))
+        elif behind:
+            producer = data.draw(st.sampled_from(behind), label="producer")
+        else:
+            return []
+        request = model.requests.get(producer)
+        chunk = 0 if request is None else request.num_tokens // alignment * alignment - request.num_computed_tokens
+        if chunk > 0 and not self.driver.dead:
+            self.driver.apply(Schedule(producer, chunk))
+        return [] if self.driver.dead else self._fresh_states()
 
     def _fresh_states(self) -> list[tuple[int, ...]]:
         """Computed prefixes of live requests, each a whole number of aligned segments long,
