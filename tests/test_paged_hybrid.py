@@ -115,11 +115,14 @@ def test_writes_through_another_groups_table_are_found_by_the_suite(tmp_path: Pa
                                                         replay_dir=tmp_path), suite="hybrid-lifecycle")
     failed = {rule_id for rule_id, o in result.verdicts.outcomes.items()
               if o.outcome in ("fail", "error")}
-    # Only data rules: the manager's own behaviour is right. A group written through another
+    # Only the store's rules: the manager's own behaviour is right. A group written through another
     # group's table leaves its own blocks unwritten; where the first failing example's first look
     # is at a block the group has just cached, that block's contents are the rule (KV-DATA-004:
-    # seed 0's draws since align-mode groups joined, a full and two chunked-local groups).
-    assert failed and failed <= {"KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004"}, failed
+    # seed 0's draws since align-mode groups joined, a full and two chunked-local groups). In an
+    # align-mode model the runner's state pages are written through the wrong table too, which
+    # KV-MAMBA-014 charges (a state page null or past the end in the table used) -- beside a data rule.
+    data_rules = {"KV-DATA-001", "KV-DATA-002", "KV-DATA-003", "KV-DATA-004"}
+    assert failed & data_rules and failed <= data_rules | {"KV-MAMBA-014"}, failed
     assert list(tmp_path.glob("*.py")), "no replay file was written"
 
 

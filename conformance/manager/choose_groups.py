@@ -309,6 +309,15 @@ class GroupsRules:
         aligned = (request.num_tokens // alignment) * alignment - request.num_computed_tokens
         if aligned > 0:
             chunks |= st.just(aligned)
+        # In an align-mode model whose Mamba block is finer than the alignment: up to the last
+        # Mamba block boundary, where it falls inside an aligned segment. A checkpoint of the
+        # segment's start then lies in the page the boundary copy reaches (KV-MAMBA-018).
+        setup = self.driver.setup
+        if setup.align_groups:
+            block = min(setup.groups[g][1] for g in setup.align_groups)
+            inside = (request.num_tokens // block) * block - request.num_computed_tokens
+            if inside > 0 and inside != aligned:
+                chunks |= st.just(inside)
         chunk = data.draw(chunks, label="num_new_tokens")
         drafts = data.draw(st.sampled_from([0, 0, 0, 1, 2]), label="num_draft_tokens")
         lookahead = data.draw(st.sampled_from([0, 0, 0, 1, 3]), label="num_lookahead_tokens") \
