@@ -867,7 +867,7 @@ def reserved_checkpoint(has_checkpoint_blocks: bool, checkpoint_alignment: int, 
 
 @icontract.require(lambda index, num_speculative_blocks: index >= 0 and num_speculative_blocks >= 0, enabled=ENABLED)
 @icontract.ensure(lambda result, index, is_null: result or (index < len(is_null) and not is_null[index]),
-                  "only a page already in the table is taken", enabled=ENABLED)
+                  "KV-MAMBA-006: a page already in the table is never taken for a checkpoint", enabled=ENABLED)
 @defines(KV_MAMBA_006)
 def checkpoint_entry_free(index: int, is_null: tuple[bool, ...], allocated: bool, num_speculative_blocks: int) -> bool:
     """Whether the manager may give entry ``index`` of a table (``is_null``, as it is before
@@ -1106,6 +1106,11 @@ def _step_ok(committed: int, num_tokens: int, block_size: int, num_speculative_b
     count in (committed, checkpoint, NO_STATE) for _, count in result), enabled=ENABLED)
 @icontract.ensure(lambda result, checkpoint, committed: checkpoint <= committed or all(
     count != checkpoint for _, count in result), "a checkpoint past the committed tokens is a draft's state",
+    enabled=ENABLED)
+@icontract.ensure(lambda result, num_tokens, block_size, checkpoint, reserved: reserved or not checkpoint or all(
+    count in (NO_STATE, (index + 1) * block_size) for index, count in result
+    if index == checkpoint_index(num_tokens, block_size)),
+    "KV-MAMBA-018: a checkpoint's page the manager did not reserve holds only the state its boundary key names",
     enabled=ENABLED)
 @icontract.ensure(lambda result, is_null, committed, num_tokens, block_size, num_speculative_blocks, checkpoint,
                   reserved: committed != num_tokens

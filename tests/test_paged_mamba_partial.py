@@ -124,13 +124,13 @@ def test_a_runner_without_its_copies_in_time_is_convicted(broken: type[PagedRefe
 @pytest.mark.parametrize("broken", [SkipsTheCopies, CopiesAfterTheForward], ids=lambda cls: cls.__name__)
 def test_a_runner_without_its_copies_in_time_is_found_by_the_suite(broken: type[PagedReferenceEngine],
                                                                    tmp_path: Path) -> None:
-    # One round at seed 0, 150 examples: each is found and charged one of the two rules the fixed
-    # cases above show it breaks -- KV-MAMBA-015 (a moved or shared key's page without the state it
-    # names) or KV-MAMBA-026 (a consumer's first step reading a copy that was not made in time);
-    # which comes first moves with the draws (015 until 60440df, 026 since). Only the store's state
-    # rules are charged.
+    # One round at seed 0, 150 examples: each is found and charged KV-MAMBA-026 (a consumer's first
+    # step reading a copy that was not made in time), one of the two rules the fixed cases above show
+    # it breaks; until 60440df's draws it was KV-MAMBA-015 (a moved or shared key's page without the
+    # state it names), which the same search no longer reaches at seed 0, with or without fail-fast,
+    # in 150 or 300 examples. Only the store's state rules are charged.
     failed = rules_found(search(broken, "hybrid-lifecycle", tmp_path, max_rounds=1))
-    assert failed & {"KV-MAMBA-015", "KV-MAMBA-026"} and failed <= set(STATE_RULES), failed
+    assert "KV-MAMBA-026" in failed and failed <= set(STATE_RULES), failed
     assert list(tmp_path.glob("*.py")), "no replay file was written"
 
 def test_the_store_copies_as_the_spec_says() -> None:
