@@ -87,7 +87,8 @@ def _suite_order(home: str) -> list[str]:
 
 
 def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
-            baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int) -> dict[str, Any]:
+            baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int,
+            search_calls: int | None) -> dict[str, Any]:
     """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
     import contextlib
 
@@ -102,7 +103,8 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
     mutant = MUTANTS[key] if key else None
     order = _suite_order(mutant.suite if mutant else "manager")
     options = RunOptions(max_examples=max_examples, step_count=step_count, seed=seed,
-                         replay_dir=None, fail_fast=fail_fast, shrink_calls=shrink_calls)
+                         replay_dir=None, fail_fast=fail_fast, shrink_calls=shrink_calls,
+                         search_calls=search_calls)
     row: dict[str, Any] = {"mutant": key, "seed": seed, "killed": False, "rule": None, "suite": None,
                            "convicted_s": None, "message": None, "failing": {}, "abandoned": False}
     # vLLM's first adapter construction imports the rest of its engine (3 to 7 s here): a cost
@@ -167,7 +169,7 @@ def _child(args: argparse.Namespace) -> int:
     baseline = json.loads(args.baseline) if args.baseline else {}
     for seed in args.seeds:
         row = run_one(args.one or None, seed, args.max_examples, args.steps, baseline, args.fail_fast,
-                      args.shrink_calls)
+                      args.shrink_calls, args.search_calls or None)
         print("ROW " + json.dumps(row), flush=True)
         if row["abandoned"]:
             return 3  # the parent starts a fresh child for the remaining seeds
@@ -180,7 +182,8 @@ def _spawn(key: str, seeds: list[int], args: argparse.Namespace, baseline: dict)
     while remaining:
         command = [sys.executable, str(Path(__file__).resolve()), "--one", key, "--seeds",
                    *map(str, remaining), "--max-examples", str(args.max_examples), "--steps",
-                   str(args.steps), "--shrink-calls", str(args.shrink_calls), "--baseline", json.dumps(baseline)]
+                   str(args.steps), "--shrink-calls", str(args.shrink_calls), "--search-calls",
+                   str(args.search_calls), "--baseline", json.dumps(baseline)]
         if args.fail_fast:
             command.append("--fail-fast")
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -276,6 +279,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fail-fast", action="store_true", help="run the suites as `kvoracle check --fail-fast`")
     parser.add_argument("--shrink-calls", type=int,
                         help="as `kvoracle check --shrink-calls` (its default: 150)")
+    parser.add_argument("--search-calls", type=int,
+                        help="as `kvoracle check --search-calls` (its default: 100; 0: Hypothesis' own count)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own process")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
@@ -291,6 +296,10 @@ def main(argv: list[str] | None = None) -> int:
         from kvoracle.conformance.harness.runner import DEFAULT_SHRINK_CALLS
 
         args.shrink_calls = DEFAULT_SHRINK_CALLS
+    if args.search_calls is None:
+        from kvoracle.conformance.harness.runner import DEFAULT_SEARCH_CALLS
+
+        args.search_calls = DEFAULT_SEARCH_CALLS or 0
     if args.one is not None:
         return _child(args)
     if args.check:
@@ -326,7 +335,8 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
                                              "fail_fast": args.fail_fast, "shrink_calls": args.shrink_calls,
-                                             "seeds": args.seeds, "complete": complete, "rows": rows},
+                                             "search_calls": args.search_calls or None, "seeds": args.seeds,
+                                             "complete": complete, "rows": rows},
                                             indent=1) + "\n")
 
     finished: list[dict] = []

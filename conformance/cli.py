@@ -61,11 +61,11 @@ def _probe_dir(path: Path, what: str) -> None:
 #: RunOptions fields by the flag that sets them.
 _FLAGS = {"max_examples": "--max-examples", "step_count": "--steps", "seed": "--seed",
           "step_timeout": "--step-timeout", "timeout_clock": "--timeout-clock", "max_rounds": "--max-rounds",
-          "shrink_calls": "--shrink-calls"}
+          "shrink_calls": "--shrink-calls", "search_calls": "--search-calls"}
 
 
 def _options(args: argparse.Namespace):
-    from .harness.runner import DEFAULT_SHRINK_CALLS, RunOptions
+    from .harness.runner import DEFAULT_SEARCH_CALLS, DEFAULT_SHRINK_CALLS, RunOptions
 
     options = RunOptions(
         max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
@@ -74,11 +74,15 @@ def _options(args: argparse.Namespace):
         replay_dir=None if args.no_replay else Path(args.replay_dir),
         hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
         fail_fast=args.fail_fast, database=_database(args),
-        shrink_calls=DEFAULT_SHRINK_CALLS if args.shrink_calls is None else args.shrink_calls)
+        shrink_calls=DEFAULT_SHRINK_CALLS if args.shrink_calls is None else args.shrink_calls,
+        search_calls=DEFAULT_SEARCH_CALLS if args.search_calls is None else args.search_calls or None)
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]
         problems.append(f"--step-timeout must be positive, or 0 for no limit; got {args.step_timeout:g}")
+    if args.search_calls is not None and args.search_calls < 0:
+        problems = [p for p in problems if not p.startswith("--search-calls")]
+        problems.append(f"--search-calls must be positive, or 0 for Hypothesis' own count; got {args.search_calls}")
     if problems:
         raise UsageError("; ".join(problems))
     if args.json:
@@ -461,6 +465,11 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--shrink-calls", type=int, default=None,
                        help="test calls Hypothesis may spend shrinking one round's failures: a count, so a "
                             "counterexample is the same on any machine (default 150)")
+    check.add_argument("--search-calls", type=int, default=None,
+                       help="test calls a round goes on drawing after its first failing example, looking for "
+                            "other rules' failures before it shrinks (later rounds search on for the rest); "
+                            "0 = Hypothesis' own count: until twice the call of the last new failure, at most "
+                            "1,000 after the first (default 100)")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--html", metavar="FILE",
                        help="also write an HTML report, with a picture of each failure: the reference's and the "

@@ -48,6 +48,9 @@ _OPTIONS = (
                             help="Hypothesis' own directory (default: ~/.cache/kvoracle/hypothesis)")),
     ("shrink-calls", dict(type=int, default=None,
                           help="test calls Hypothesis may spend shrinking one round's failures (default 150)")),
+    ("search-calls", dict(type=int, default=None,
+                          help="test calls a round goes on drawing after its first failing example before it "
+                               "shrinks; 0 = Hypothesis' own count (default 100)")),
     ("database", dict(default=None, metavar="DIR|URL",
                       help="the example database (a directory or a redis:// URL; 'none': no database); "
                            "default: $KVORACLE_DATABASE, else examples/ in the Hypothesis directory")),
@@ -69,7 +72,7 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 def _run_options(config: pytest.Config):
     from .harness.database import DatabaseError, chosen_database, open_database
-    from .harness.runner import DEFAULT_SHRINK_CALLS, RunOptions, default_hypothesis_dir
+    from .harness.runner import DEFAULT_SEARCH_CALLS, DEFAULT_SHRINK_CALLS, RunOptions, default_hypothesis_dir
 
     timeout = _option(config, "step-timeout")
     options = RunOptions(
@@ -80,7 +83,9 @@ def _run_options(config: pytest.Config):
         hypothesis_dir=Path(_option(config, "hypothesis-dir")) if _option(config, "hypothesis-dir") else None,
         fail_fast=_option(config, "fail-fast"),
         shrink_calls=DEFAULT_SHRINK_CALLS if _option(config, "shrink-calls") is None
-        else _option(config, "shrink-calls"))
+        else _option(config, "shrink-calls"),
+        search_calls=DEFAULT_SEARCH_CALLS if _option(config, "search-calls") is None
+        else _option(config, "search-calls") or None)
     options.database = chosen_database(_option(config, "database"),
                                        options.hypothesis_dir or default_hypothesis_dir())
     problems = options.problems() + ([f"step timeout must be >= 0, got {timeout}"] if timeout < 0 else [])

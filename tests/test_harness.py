@@ -22,7 +22,7 @@ import pytest
 
 from kvoracle.conformance.harness import calls
 from kvoracle.conformance.harness.calls import EngineCaller, EngineError
-from kvoracle.conformance.harness.runner import DEFAULT_SHRINK_CALLS, RunObserver
+from kvoracle.conformance.harness.runner import DEFAULT_SEARCH_CALLS, DEFAULT_SHRINK_CALLS, RunObserver
 
 TESTS = Path(__file__).parent
 KVORACLE = [sys.executable, "-m", "kvoracle"]
@@ -301,6 +301,7 @@ def test_the_suites_after_a_hang_run_in_a_fresh_engine_process(runs) -> None:
     (["--expectations", "{tmp}/missing.toml"], "no such file"),
     (["--expectations", "{bad}"], "not valid TOML"),
     (["--shrink-calls", "0"], "--shrink-calls must be >= 1, got 0"),
+    (["--search-calls", "-3"], "--search-calls must be positive, or 0 for Hypothesis' own count; got -3"),
     (["--engine", "collections:OrderedDict"], "lacks configure"),
     (["--engine", "collections:OrderedDict", "--suite", "hybrid"], "is not a hybrid adapter"),
     (["--engine", "gpu", "--suite", "hybrid"], "has no adapter for the hybrid suite; it has one for: manager"),
@@ -374,6 +375,9 @@ def test_fail_fast_ends_at_the_first_conviction_and_names_the_suites_it_did_not_
     _check(*common)
     data = json.loads(report.read_text())
     assert data["options"]["shrink_calls"] == DEFAULT_SHRINK_CALLS  # the same budget without fail-fast
+    assert data["options"]["search_calls"] == DEFAULT_SEARCH_CALLS
+    _check(*common, "--search-calls", "0")  # 0: Hypothesis' own count, written as null
+    assert json.loads(report.read_text())["options"]["search_calls"] is None
     assert [s["part"] for s in data["suites"]] == ["lockstep", "hybrid-lifecycle"]
     assert data["suites"][0]["rounds"] > 1 and data["not_run_suites"] == []
 
@@ -650,7 +654,54 @@ def test_the_shrink_clock_passes_hypothesis_limit_at_the_end_of_the_last_allowed
         if deadline < clock.perf_counter():  # ... and Hypothesis checks the limit after it
             break
     assert calls == shrink_calls
-    assert clock.monotonic() == clock.monotonic() == 0.0  # the post-bug search clock stands still
+    assert clock.monotonic() == clock.monotonic() == 0.0  # without search_calls that clock stands still
+
+
+@pytest.mark.parametrize("search_calls", [1, 2, 7, 100, 1000])
+def test_the_search_clock_ends_the_search_after_a_bug_at_the_end_of_the_last_allowed_call(search_calls: int) -> None:
+    """Hypothesis notes the search clock when a round's first failing example ends and, before
+    each further call, stops generating once the clock has run past its ten seconds."""
+    import inspect
+
+    from hypothesis.internal.conjecture import engine as hypothesis_engine
+
+    from kvoracle.conformance.harness.determinism import HYPOTHESIS_SEARCH_SECONDS, CountingClocks
+
+    # The limit is a literal in Hypothesis' engine: a new one must be copied here.
+    source = inspect.getsource(hypothesis_engine.ConjectureRunner.should_generate_more)
+    assert f"time.monotonic() - self.first_bug_found_time > {HYPOTHESIS_SEARCH_SECONDS}" in source
+
+    clock = CountingClocks(150, search_calls)
+    for _ in range(777):  # calls before the first failing one, which is the last of them
+        clock.tick()
+    first_bug_found_time = clock.monotonic()
+    calls = 0
+    while not clock.monotonic() - first_bug_found_time > HYPOTHESIS_SEARCH_SECONDS:
+        clock.tick()
+        calls += 1
+    assert calls == search_calls
+    assert clock.perf_counter() > 0  # the shrink clock ticks as before
+
+
+def test_a_rounds_search_after_its_first_failure_ends_after_its_budget_of_test_calls() -> None:
+    """The search for other bugs after a round's first failure is a count: a smaller budget
+    ends the round's generation sooner; the rule it convicts is the same."""
+    import broken_engines
+
+    from kvoracle.conformance.harness import RunOptions, run_suite
+
+    def run(search_calls: int | None):
+        options = RunOptions(max_examples=400, max_rounds=1, replay_dir=None, seed=0, shrink_calls=1,
+                             search_calls=search_calls)
+        result = run_suite(broken_engines.ForwardFree, options, suite="lockstep")
+        failed = sorted(o.rule_id for o in result.verdicts.outcomes.values() if o.outcome == "fail")
+        return result.examples, failed
+
+    (one, one_failed), (three, three_failed), (own, own_failed) = run(1), run(3), run(None)
+    assert one_failed == three_failed == own_failed == ["KV-POOL-007"]
+    assert three - one == 2, (one, three)  # each call allowed is one example more, before the same shrink
+    # Hypothesis' own count goes on to twice the first failure's call (it fails at the sixth)
+    assert own > three, (three, own)
 
 
 def test_a_rounds_shrinking_ends_after_its_budget_of_test_calls() -> None:

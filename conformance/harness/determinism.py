@@ -18,12 +18,14 @@ clocks: once a round has found a bug it goes on looking for others for at most t
 seconds of wall time, and it stops shrinking after five minutes. On a machine busy
 with other work a round ran fewer examples in those ten seconds (it found other bugs,
 or none), and a slow shrink was cut short (another counterexample). While a suite runs,
-:func:`independent_of_time` stops the first clock -- the search then ends by Hypothesis's
-count of test calls -- and makes the second a count too: the shrink clock ticks once per
-test call, so that the five-minute limit becomes a budget of ``shrink_calls`` test calls
-(the only bound on the shrinker's unsuccessful attempts). A round's shrinking then ends
-after the same calls, with the same counterexample, on an idle machine and a busy one,
-fast or slow. (An earlier version counted CPU time instead: free of load, but not of the
+:func:`independent_of_time` makes both clocks counts of test calls: the search clock
+ticks once per call so that the ten seconds become ``search_calls`` test calls after the
+round's first failing example (or it stands still with ``search_calls=None``, and the
+search ends by Hypothesis' own count alone), and the shrink clock ticks once per test
+call so that the five-minute limit becomes a budget of ``shrink_calls`` test calls (the
+only bound on the shrinker's unsuccessful attempts). A round's search and shrinking then
+end after the same calls, with the same counterexamples, on an idle machine and a busy
+one, fast or slow. (An earlier version counted CPU time instead: free of load, but not of the
 machine's speed, and it let one shrink take minutes.)
 
 Nor on where objects sit in memory, or on the process's string-hash seed. Hypothesis
@@ -79,19 +81,30 @@ def independent_of_imports() -> Iterator[None]:
         _providers.CONSTANTS_CACHE.cache.clear()
 
 
-class CountingClocks:
-    """The ``time`` module as Hypothesis' engine sees it in a run: ``monotonic`` (the search
-    after a bug) stands still; ``perf_counter`` (the shrink limit, and phase statistics that
-    kvoracle does not read) advances by one tick per test call (:meth:`tick`), a tick being
-    Hypothesis' shrink limit divided by ``shrink_calls``; anything else is the real module's."""
+#: Seconds of wall time Hypothesis' engine goes on generating after a round's first failing
+#: example, looking for other bugs (a literal in its ``should_generate_more``).
+HYPOTHESIS_SEARCH_SECONDS = 10
 
-    def __init__(self, shrink_calls: int) -> None:
-        if shrink_calls < 1:
-            raise ValueError(f"shrink_calls must be >= 1, got {shrink_calls}")
+
+class CountingClocks:
+    """The ``time`` module as Hypothesis' engine sees it in a run: both clocks Hypothesis' engine
+    reads advance by one tick per test call (:meth:`tick`). On ``perf_counter`` (the shrink limit,
+    and phase statistics that kvoracle does not read) a tick is Hypothesis' shrink limit divided
+    by ``shrink_calls``; on ``monotonic`` (the search for other bugs after a round's first) it is
+    Hypothesis' ten seconds divided by ``search_calls``, and with ``search_calls=None`` that clock
+    stands still (the search then ends by Hypothesis' own count alone: at twice the call of the
+    last new bug, or 1,000 calls after the first). Anything else is the real module's."""
+
+    def __init__(self, shrink_calls: int, search_calls: int | None = None) -> None:
+        for name, calls in (("shrink_calls", shrink_calls), ("search_calls", search_calls)):
+            if calls is not None and calls < 1:
+                raise ValueError(f"{name} must be >= 1, got {calls}")
         limit = getattr(_engine, "MAX_SHRINKING_SECONDS", 300)
-        # Hypothesis checks the limit after each call: with a tick a hair over limit/calls, the
-        # limit is passed at the end of the shrink_calls-th call, not one call earlier or later.
+        # Hypothesis checks each limit between calls: with a tick a hair over limit/calls, the
+        # limit is passed at the end of the calls-th call, not one call earlier or later.
         self.seconds_per_call = limit / (shrink_calls - 0.5)
+        self.search_seconds_per_call = 0.0 if search_calls is None \
+            else HYPOTHESIS_SEARCH_SECONDS / (search_calls - 0.5)
         self.calls = 0
 
     def __getattr__(self, name: str) -> object:
@@ -104,9 +117,8 @@ class CountingClocks:
     def perf_counter(self) -> float:
         return self.calls * self.seconds_per_call
 
-    @staticmethod
-    def monotonic() -> float:
-        return 0.0
+    def monotonic(self) -> float:
+        return self.calls * self.search_seconds_per_call
 
 
 def stops_the_search_clock() -> bool:
@@ -117,9 +129,9 @@ def stops_the_search_clock() -> bool:
 
 @contextlib.contextmanager
 def independent_of_time(clock: CountingClocks) -> Iterator[None]:
-    """Within the block, Hypothesis' search after a bug ends by its count of calls, and its
-    shrinking after the clock's ``shrink_calls`` test calls. The caller calls the clock's
-    ``tick()`` at the start of every test call."""
+    """Within the block, Hypothesis' search after a bug ends after the clock's ``search_calls``
+    test calls (or by Hypothesis' own count), and its shrinking after ``shrink_calls``. The
+    caller calls the clock's ``tick()`` at the start of every test call."""
     if not stops_the_search_clock():
         yield
         return

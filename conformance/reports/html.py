@@ -80,7 +80,9 @@ def _summary(result: CheckResult) -> str:
              ("seed", options.seed),
              ("options", f"{options.max_examples} examples per round, up to {options.step_count} steps, "
                          f"up to {options.max_rounds} rounds, step timeout {options.step_timeout} s "
-                         f"({options.timeout_clock} time), {options.shrink_calls} shrink calls"),
+                         f"({options.timeout_clock} time), {options.shrink_calls} shrink calls, "
+                         + (f"{options.search_calls} search calls after a failure" if options.search_calls
+                            else "Hypothesis' own search after a failure")),
              ("kvoracle", f"{__version__} on Python {platform.python_version()}")]
     if result.incomplete:
         facts.append(("incomplete", result.incomplete))
