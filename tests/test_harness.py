@@ -880,3 +880,25 @@ def test_a_shrunk_counterexample_that_breaks_the_references_contract_is_kvoracle
     # The failure drawn (contracts on, holding) stands, unshrunk; nothing from the shrink counts.
     assert [example.shrunk for example in outcome.counterexamples] == [False]
     assert outcome.failed_checks == 1
+
+
+@pytest.mark.parametrize(("given", "search_calls"), [(None, "default"), (0, None), (7, 7)])
+def test_the_pytest_plugin_maps_its_search_calls_option(tmp_path: Path, given, search_calls) -> None:
+    """--kvoracle-search-calls as --search-calls: absent, the default; 0, Hypothesis' own count;
+    a negative count is refused before anything runs."""
+    from kvoracle.conformance import plugin
+    from kvoracle.conformance.harness.runner import DEFAULT_SEARCH_CALLS
+
+    def config(value):
+        values = {"kvoracle_" + name.replace("-", "_"): kwargs.get("default") for name, kwargs in plugin._OPTIONS}
+        values.update(kvoracle_search_calls=value, kvoracle_database="none", kvoracle_hypothesis_dir=str(tmp_path))
+
+        class Config:
+            def getoption(self, name: str):
+                return values[name]
+        return Config()
+
+    expected = DEFAULT_SEARCH_CALLS if search_calls == "default" else search_calls
+    assert plugin._run_options(config(given)).search_calls == expected
+    with pytest.raises(pytest.UsageError, match="search_calls must be >= 1"):
+        plugin._run_options(config(-2))
