@@ -121,8 +121,8 @@ class CountingClocks:
         return self.calls * self.search_seconds_per_call
 
 
-def stops_the_search_clock() -> bool:
-    """Whether this Hypothesis's engine reads a ``time`` module that runs can stop (its clocks
+def can_replace_the_clocks() -> bool:
+    """Whether this Hypothesis's engine reads a ``time`` module that runs can replace (its clocks
     for the post-bug search and the shrink limit)."""
     return _engine is not None and hasattr(_engine, "time")
 
@@ -132,7 +132,7 @@ def independent_of_time(clock: CountingClocks) -> Iterator[None]:
     """Within the block, Hypothesis' search after a bug ends after the clock's ``search_calls``
     test calls (or by Hypothesis' own count), and its shrinking after ``shrink_calls``. The
     caller calls the clock's ``tick()`` at the start of every test call."""
-    if not stops_the_search_clock():
+    if not can_replace_the_clocks():
         yield
         return
     running = _engine.time
