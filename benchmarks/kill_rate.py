@@ -169,7 +169,7 @@ def _child(args: argparse.Namespace) -> int:
     baseline = json.loads(args.baseline) if args.baseline else {}
     for seed in args.seeds:
         row = run_one(args.one or None, seed, args.max_examples, args.steps, baseline, args.fail_fast,
-                      args.shrink_calls, args.search_calls or None)
+                      args.shrink_calls, args.search_calls)
         print("ROW " + json.dumps(row), flush=True)
         if row["abandoned"]:
             return 3  # the parent starts a fresh child for the remaining seeds
@@ -183,7 +183,7 @@ def _spawn(key: str, seeds: list[int], args: argparse.Namespace, baseline: dict)
         command = [sys.executable, str(Path(__file__).resolve()), "--one", key, "--seeds",
                    *map(str, remaining), "--max-examples", str(args.max_examples), "--steps",
                    str(args.steps), "--shrink-calls", str(args.shrink_calls), "--search-calls",
-                   str(args.search_calls), "--baseline", json.dumps(baseline)]
+                   str(args.search_calls or 0), "--baseline", json.dumps(baseline)]
         if args.fail_fast:
             command.append("--fail-fast")
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -296,10 +296,9 @@ def main(argv: list[str] | None = None) -> int:
         from kvoracle.conformance.harness.runner import DEFAULT_SHRINK_CALLS
 
         args.shrink_calls = DEFAULT_SHRINK_CALLS
-    if args.search_calls is None:
-        from kvoracle.conformance.harness.runner import DEFAULT_SEARCH_CALLS
+    from kvoracle.conformance.harness.runner import search_calls_option
 
-        args.search_calls = DEFAULT_SEARCH_CALLS or 0
+    args.search_calls = search_calls_option(args.search_calls)
     if args.one is not None:
         return _child(args)
     if args.check:
@@ -335,7 +334,7 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
                                              "fail_fast": args.fail_fast, "shrink_calls": args.shrink_calls,
-                                             "search_calls": args.search_calls or None, "seeds": args.seeds,
+                                             "search_calls": args.search_calls, "seeds": args.seeds,
                                              "complete": complete, "rows": rows},
                                             indent=1) + "\n")
 

@@ -65,7 +65,7 @@ _FLAGS = {"max_examples": "--max-examples", "step_count": "--steps", "seed": "--
 
 
 def _options(args: argparse.Namespace):
-    from .harness.runner import DEFAULT_SEARCH_CALLS, DEFAULT_SHRINK_CALLS, RunOptions
+    from .harness.runner import DEFAULT_SHRINK_CALLS, RunOptions, search_calls_option
 
     options = RunOptions(
         max_examples=args.max_examples, step_count=args.steps, seed=args.seed,
@@ -75,7 +75,7 @@ def _options(args: argparse.Namespace):
         hypothesis_dir=Path(args.hypothesis_dir) if args.hypothesis_dir else None,
         fail_fast=args.fail_fast, database=_database(args),
         shrink_calls=DEFAULT_SHRINK_CALLS if args.shrink_calls is None else args.shrink_calls,
-        search_calls=DEFAULT_SEARCH_CALLS if args.search_calls is None else args.search_calls or None)
+        search_calls=search_calls_option(args.search_calls))
     problems = [_FLAGS.get(p.split()[0], p.split()[0]) + " " + p.split(" ", 1)[1] for p in options.problems()]
     if args.step_timeout < 0:
         problems = [p for p in problems if not p.startswith("--step-timeout")]

@@ -72,7 +72,7 @@ def _option(config: pytest.Config, name: str) -> Any:
 
 def _run_options(config: pytest.Config):
     from .harness.database import DatabaseError, chosen_database, open_database
-    from .harness.runner import DEFAULT_SEARCH_CALLS, DEFAULT_SHRINK_CALLS, RunOptions, default_hypothesis_dir
+    from .harness.runner import DEFAULT_SHRINK_CALLS, RunOptions, default_hypothesis_dir, search_calls_option
 
     timeout = _option(config, "step-timeout")
     options = RunOptions(
@@ -84,8 +84,7 @@ def _run_options(config: pytest.Config):
         fail_fast=_option(config, "fail-fast"),
         shrink_calls=DEFAULT_SHRINK_CALLS if _option(config, "shrink-calls") is None
         else _option(config, "shrink-calls"),
-        search_calls=DEFAULT_SEARCH_CALLS if _option(config, "search-calls") is None
-        else _option(config, "search-calls") or None)
+        search_calls=search_calls_option(_option(config, "search-calls")))
     options.database = chosen_database(_option(config, "database"),
                                        options.hypothesis_dir or default_hypothesis_dir())
     problems = options.problems() + ([f"step timeout must be >= 0, got {timeout}"] if timeout < 0 else [])

@@ -65,6 +65,14 @@ DEFAULT_SHRINK_CALLS = 150
 DEFAULT_SEARCH_CALLS = 100
 
 
+def search_calls_option(given: int | None) -> int | None:
+    """``RunOptions.search_calls`` for a command-line value: absent, the default; 0, ``None``
+    (Hypothesis' own count); any other value as given (a negative one fails ``problems()``)."""
+    if given is None:
+        return DEFAULT_SEARCH_CALLS
+    return given or None
+
+
 @attrs.define
 class RunOptions:
     max_examples: int = 150
