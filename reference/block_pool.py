@@ -34,6 +34,12 @@ def _cache_map_consistent(pool: BlockPool) -> bool:
     ) and 0 not in listed
 
 
+def is_unhashed(pool: BlockPool, block: KVCacheBlock) -> bool:
+    """KV-POOL-006: whether ``block``, released to count 0, counts as unhashed (no cache key and
+    no partial entry, or caching off), the kind the unhashed-first order puts at the front."""
+    return (block.cache_key is None and block.partial_key is None) or not pool.enable_caching
+
+
 def _is_first_cached(pool: BlockPool, key: CacheKey, block: KVCacheBlock | None) -> bool:
     """KV-POOL-009: a lookup of ``key`` returning ``block`` returns the first block cached."""
     return block is None or block.block_id == spec.lookup_block(tuple(pool.cached[key]))
@@ -211,8 +217,7 @@ class BlockPool:
                 continue  # KV-POOL-002, KV-POOL-017
             block.ref_cnt -= 1
             if block.ref_cnt == 0:
-                unhashed = (block.cache_key is None and block.partial_key is None) or not self.enable_caching
-                if unhashed and self.unhashed_first:  # else the append order (KV-POOL-016)
+                if is_unhashed(self, block) and self.unhashed_first:  # else the append order (KV-POOL-016)
                     evict_first.append(block)
                 else:
                     evict_last.append(block)

@@ -8,8 +8,12 @@ by the rule of the declared mode only.
 
 from __future__ import annotations
 
+import copy
+
 import attrs
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from kvoracle.conformance.engines.reference import ReferenceEngine
 from kvoracle.conformance.harness import RunOptions, run_suite
@@ -18,7 +22,8 @@ from kvoracle.conformance.harness.replay import replay
 from kvoracle.conformance.harness.verdicts import RuleViolation, applicability
 from kvoracle.conformance.hybrid_lookup import ReferenceHybridLookup
 from kvoracle.conformance.steps import AddRequest, Configure, ConfigureGroups, Free, Schedule
-from kvoracle.reference import ManagerConfig
+from kvoracle.reference import BlockPool, ManagerConfig
+from kvoracle.reference.block_pool import is_unhashed
 from kvoracle.spec import block_pool as pool_spec
 
 
@@ -85,6 +90,33 @@ STEPS = [
 def test_the_two_orders_are_the_spec_functions() -> None:
     assert pool_spec.queue_after_release((3,), (1, 2), (False, True)) == (1, 3, 2)
     assert pool_spec.queue_after_append((3,), (1, 2)) == (3, 1, 2)
+
+
+@settings(max_examples=200, deadline=None)
+@given(num_blocks=st.integers(2, 9), caching=st.booleans(), data=st.data())
+def test_the_orders_differ_only_where_a_release_frees_an_unhashed_block(
+        num_blocks: int, caching: bool, data: st.DataObject) -> None:
+    # The manager judge asks the other order's queue only where is_unhashed holds for a block
+    # the release takes to count 0 (GroupsJudge._releases_unhashed): with every such block
+    # hashed, both orders must leave the same queue.
+    pool = BlockPool(num_blocks, enable_caching=caching)
+    held = pool.get_new_blocks(data.draw(st.integers(0, num_blocks - 1), label="allocated"))
+    for block in held:
+        if caching and data.draw(st.booleans(), label="cached"):
+            pool.cache_block(block, (bytes([block.block_id]), 0))
+    pool.touch([b for b in held if data.draw(st.booleans(), label="shared")])
+    released = data.draw(st.permutations(held), label="release order")
+    to_zero = [b for b in released if b.ref_cnt == 1]
+    queues = []
+    for unhashed_first in (True, False):
+        other = copy.deepcopy(pool)
+        other.unhashed_first = unhashed_first
+        other.free_blocks([other.blocks[b.block_id] for b in released])
+        queues.append(other.free_queue.block_ids())
+    if not any(is_unhashed(pool, b) for b in to_zero):
+        assert queues[0] == queues[1]
+    elif len(pool.free_queue):  # (the unhashed block lands in front of the free blocks, or behind)
+        assert queues[0] != queues[1]
 
 
 def test_only_the_rule_of_the_declared_order_applies() -> None:

@@ -38,7 +38,6 @@ KV-MAMBA-025.
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Sequence
 
 from kvoracle.spec import mamba as mamba_spec
@@ -46,6 +45,7 @@ from kvoracle.spec import mamba as mamba_spec
 from .. import steps
 from ..adapter import Lookup
 from ..engines.reference import ReferenceEngine
+from .what_if import what_if
 
 NULL_BLOCK_ID = 0
 
@@ -152,14 +152,15 @@ class AlignJudge:
         rule_id = "KV-HYB-012"
         if hit.num_tokens:
             for forget in (True, False):  # new_step_starts called, or never called
-                other = copy.deepcopy(before)
-                for g in self.setup.align_groups:
-                    group = other.manager.groups[g]
-                    if forget:
-                        group.cached_this_step.clear()
-                    else:
-                        group.cached_this_step |= {key for key in other.manager.pool.cached if key[1] == g}
-                if (other.allocate(*arguments) is None) == (actual is None):
+                with what_if(before) as other:
+                    for g in self.setup.align_groups:
+                        group = other.manager.groups[g]
+                        if forget:
+                            group.cached_this_step.clear()
+                        else:
+                            group.cached_this_step |= {key for key in other.manager.pool.cached if key[1] == g}
+                    explains = (other.allocate(*arguments) is None) == (actual is None)
+                if explains:
                     rule_id = "KV-MAMBA-009"
                     break
         if rule_id == "KV-HYB-012" and due and not deferred and self._copy_explains(before, arguments, actual):
@@ -269,14 +270,14 @@ class AlignJudge:
         reference's had the groups rounded what they cache down to the scheduler block size, as
         they do with partial hits off."""
         fine = self._fine_groups()
-        other = copy.deepcopy(before)
-        for g, group in enumerate(other.manager.groups):
-            if g not in fine:
-                group.partial_hits = False
-                group.alignment = self.config.scheduler_block_size
-        if other.allocate(*arguments) is None:
-            return False
-        rounded = {k: v for k, v in (other.observe().cached or {}).items() if k[1] not in fine}
+        with what_if(before) as other:
+            for g, group in enumerate(other.manager.groups):
+                if g not in fine:
+                    group.partial_hits = False
+                    group.alignment = self.config.scheduler_block_size
+            if other.allocate(*arguments) is None:
+                return False
+            rounded = {k: v for k, v in (other.observe().cached or {}).items() if k[1] not in fine}
         return rounded == {k: v for k, v in theirs.items() if k[1] not in fine}
 
     def _copies_due(self, request_id: str, hit: Lookup) -> dict[int, str]:
@@ -292,10 +293,10 @@ class AlignJudge:
 
     def _copy_explains(self, before: ReferenceEngine, arguments: tuple, actual: object) -> bool:
         """KV-MAMBA-022: whether the engine's outcome is the reference's without the copy's page."""
-        other = copy.deepcopy(before)
-        for g in self._fine_groups():
-            other.manager.groups[g].fine = False  # the need without the copy (KV-MAMBA-007 alone)
-        return (other.allocate(*arguments) is None) == (actual is None)
+        with what_if(before) as other:
+            for g in self._fine_groups():
+                other.manager.groups[g].fine = False  # the need without the copy (KV-MAMBA-007 alone)
+            return (other.allocate(*arguments) is None) == (actual is None)
 
     def _new_copies(self, counts: dict[int, int], request_id: str) -> dict[int, tuple[int, int, int, bool]]:
         """The copy each fine-grained group queued in the last allocation: (entry, source, copy,

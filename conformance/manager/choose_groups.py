@@ -26,7 +26,6 @@ caching, eviction, reset, align mode, partial hits) are not generated.
 
 from __future__ import annotations
 
-import copy
 import math
 from types import SimpleNamespace
 
@@ -52,6 +51,7 @@ from ..steps import (
     Schedule,
     TakeCopies,
 )
+from .what_if import what_if
 
 TOKENS = st.integers(0, 3)
 MAX_LIVE_REQUESTS = 4
@@ -513,29 +513,30 @@ class GroupsRules:
         ``length`` tokens finds one free block fewer than it needs with its copy: KV-MAMBA-022's
         page decides whether it runs."""
         setup = self.driver.setup
-        model = copy.deepcopy(self.driver.model)
-        manager = model.manager
-        request = model.requests[request_id]
-        computed = min(request.num_computed_tokens, setup.max_model_len)
-        new, _ = self.driver._align_chunk(request_id, 0, length - computed, 0)
-        for group in manager.groups:
-            group.remove_skipped_blocks(request_id, computed)
-        need = manager.num_blocks_to_allocate(request_id, lifecycle_spec.num_slots(
-            computed, 0, new, 0, setup.max_model_len), computed, None, 0, computed + new)
-        spare = manager.pool.num_free_blocks() - need + 1  # the blocks the filler must take
-        if new <= 0 or spare <= 0 or len(self._live()) >= 2 * MAX_LIVE_REQUESTS:
-            return
-        filler_id = self.new_request_id()
-        token = 4 + int(filler_id[1:])  # outside the prompts' alphabet: it hits nothing
-        model.add_request(filler_id, (token,) * (setup.max_model_len - 1))
-        block_size = max(setup.groups[g][1] for g in setup.align_groups)
+        with what_if(self.driver.model) as model:
+            manager = model.manager
+            request = model.requests[request_id]
+            computed = min(request.num_computed_tokens, setup.max_model_len)
+            new, _ = self.driver._align_chunk(request_id, 0, length - computed, 0)
+            for group in manager.groups:
+                group.remove_skipped_blocks(request_id, computed)
+            need = manager.num_blocks_to_allocate(request_id, lifecycle_spec.num_slots(
+                computed, 0, new, 0, setup.max_model_len), computed, None, 0, computed + new)
+            spare = manager.pool.num_free_blocks() - need + 1  # the blocks the filler must take
+            if new <= 0 or spare <= 0 or len(self._live()) >= 2 * MAX_LIVE_REQUESTS:
+                return
+            filler_id = self.new_request_id()
+            token = 4 + int(filler_id[1:])  # outside the prompts' alphabet: it hits nothing
+            model.add_request(filler_id, (token,) * (setup.max_model_len - 1))
+            block_size = max(setup.groups[g][1] for g in setup.align_groups)
 
-        def first_chunk(n: int) -> int:  # what the driver's scheduler runs of a fresh n-token prompt
-            end = mamba_spec.aligned_chunk_end(0, n, n, block_size)
-            return self.driver._tail_stop(SimpleNamespace(num_tokens=n, num_prompt_tokens=n), 0, end, n, block_size)
+            def first_chunk(n: int) -> int:  # what the driver's scheduler runs of a fresh n-token prompt
+                end = mamba_spec.aligned_chunk_end(0, n, n, block_size)
+                return self.driver._tail_stop(SimpleNamespace(num_tokens=n, num_prompt_tokens=n), 0, end, n,
+                                              block_size)
 
-        fits = [n for n in range(1, setup.max_model_len) if model.manager.num_blocks_to_allocate(
-            filler_id, first_chunk(n), 0, None, 0, first_chunk(n)) == spare]
+            fits = [n for n in range(1, setup.max_model_len) if model.manager.num_blocks_to_allocate(
+                filler_id, first_chunk(n), 0, None, 0, first_chunk(n)) == spare]
         if fits:
             prompt = (token,) * fits[0]
             self.prompts.append(prompt)
@@ -598,16 +599,16 @@ class GroupsRules:
     def _step_needs(self, request_id: str) -> tuple[set[int], int]:
         """The reference's summed needs of the request's next one-token step over every
         look-ahead, and the free blocks that step finds (after its own retired states)."""
-        model = copy.deepcopy(self.driver.model)
-        manager = model.manager
         setup = self.driver.setup
-        computed = min(model.requests[request_id].num_computed_tokens, setup.max_model_len)
-        for group in manager.groups:
-            group.remove_skipped_blocks(request_id, computed)
-        needs = {manager.num_blocks_to_allocate(request_id, lifecycle_spec.num_slots(
-            computed, 0, 1, lookahead, setup.max_model_len), computed, None, 0, computed + 1)
-            for lookahead in range(1, setup.max_model_len - computed)}
-        return needs, manager.pool.num_free_blocks()
+        with what_if(self.driver.model) as model:
+            manager = model.manager
+            computed = min(model.requests[request_id].num_computed_tokens, setup.max_model_len)
+            for group in manager.groups:
+                group.remove_skipped_blocks(request_id, computed)
+            needs = {manager.num_blocks_to_allocate(request_id, lifecycle_spec.num_slots(
+                computed, 0, 1, lookahead, setup.max_model_len), computed, None, 0, computed + 1)
+                for lookahead in range(1, setup.max_model_len - computed)}
+            return needs, manager.pool.num_free_blocks()
 
     def _crowd_pool(self, request_id: str) -> None:
         """Requests of fresh tokens arrive and prefill (up to twice the live requests the other
@@ -627,17 +628,17 @@ class GroupsRules:
             # blocks, or the longest one that fits, and another after it.
             filler_id = self.new_request_id()
             token = 4 + int(filler_id[1:])  # outside the prompts' alphabet: it hits nothing
-            model = copy.deepcopy(self.driver.model)
-            model.add_request(filler_id, (token,) * (setup.max_model_len - 1))
-            now = model.manager.pool.num_free_blocks()
             length = 0
-            for candidate in range(1, setup.max_model_len):
-                taken = model.manager.num_blocks_to_allocate(filler_id, candidate, 0, None, 0, candidate)
-                if taken > now:
-                    break
-                length = candidate
-                if any(1 <= need - (free - taken) <= shrink for need in needs):
-                    break
+            with what_if(self.driver.model) as model:
+                model.add_request(filler_id, (token,) * (setup.max_model_len - 1))
+                now = model.manager.pool.num_free_blocks()
+                for candidate in range(1, setup.max_model_len):
+                    taken = model.manager.num_blocks_to_allocate(filler_id, candidate, 0, None, 0, candidate)
+                    if taken > now:
+                        break
+                    length = candidate
+                    if any(1 <= need - (free - taken) <= shrink for need in needs):
+                        break
             if not length:
                 return
             prompt = (token,) * length
@@ -654,7 +655,8 @@ class GroupsRules:
         model = self.driver.model
 
         def fails(lookahead: int) -> bool:
-            return copy.deepcopy(model).allocate(request_id, 1, 0, lookahead) is None
+            with what_if(model) as other:
+                return other.allocate(request_id, 1, 0, lookahead) is None
 
         low, high = 1, self.driver.setup.max_model_len - 1
         if high < low or not fails(high):

@@ -39,6 +39,7 @@ import math
 from collections import Counter
 from collections.abc import Callable
 
+from kvoracle.reference.block_pool import is_unhashed
 from kvoracle.spec import block_pool as pool_spec
 from kvoracle.spec import chunked_local as chunk_spec
 from kvoracle.spec import hashing
@@ -53,6 +54,7 @@ from ..adapter import Lookup, Observation
 from ..engines.reference import ReferenceEngine
 from ..harness.capabilities import mode_rule
 from .align import AlignJudge
+from .what_if import what_if
 
 NULL_BLOCK_ID = 0
 #: The rule of each kind's skipped-token count.
@@ -205,12 +207,14 @@ class GroupsJudge(AlignJudge):
         pages = self._mamba_pages(step.request_id)
         without_partial = self._queue_without_partial_entries(step)
         at_prompt_end = self._queue_with_partial_entries_at_prompt_end(step)
-        other_order = self._in_other_free_order(lambda model: model.free(step.request_id, step.preempted))
+        other_order = (self._in_other_free_order(lambda model: model.free(step.request_id, step.preempted))
+                       if self._releases_unhashed(step.request_id) else None)
         self.model.free(step.request_id, step.preempted)
         self.call("free", step.request_id, step.preempted, rule="KV-LIFE-009")
         self.running.discard(step.request_id)
         # (A queue the partial tail entries explain too is theirs to judge, below.)
-        self._judge_free_order(other_order[1], explained=(without_partial, at_prompt_end))
+        if other_order is not None:
+            self._judge_free_order(other_order[1], explained=(without_partial, at_prompt_end))
         # A queue that differs exactly as if partial tail entries did not count as cached, or
         # sat at the prompt's last hash boundary (vLLM 0.26 to 0.31; 0.32 puts them at the last
         # boundary a resend can read), is KV-HLC-006's difference, not a wrong free order.
@@ -265,19 +269,29 @@ class GroupsJudge(AlignJudge):
         names carry those partial entries (None: none), or None when ``entries`` is empty."""
         if not entries:
             return None
-        other = copy.deepcopy(self.model)
-        for block_id, entry in entries.items():
-            other.manager.pool.blocks[block_id].partial_key = entry
-        other.free(step.request_id, step.preempted)
-        return other.observe().free_queue
+        with what_if(self.model) as other:
+            for block_id, entry in entries.items():
+                other.manager.pool.blocks[block_id].partial_key = entry
+            other.free(step.request_id, step.preempted)
+            return other.observe().free_queue
+
+    def _releases_unhashed(self, request_id: str) -> bool:
+        """Whether freeing the request takes an unhashed block to count 0: only then can the two
+        free orders (KV-POOL-006 / KV-POOL-016) leave different queues (with every released
+        block hashed, both append them all in the same order)."""
+        pool = self.model.manager.pool
+        held = Counter(block.block_id for group in self.model.manager.groups
+                       for block in group.req_to_blocks.get(request_id, ()) if not block.is_null)
+        return any(pool.blocks[block_id].ref_cnt == times and is_unhashed(pool, pool.blocks[block_id])
+                   for block_id, times in held.items())
 
     def _in_other_free_order(self, apply: Callable[[ReferenceEngine], object]) -> tuple[object, Observation]:
         """What ``apply`` returns, and the observation after it, on a copy of the reference that
         returns freed blocks in the order the engine did not declare (KV-POOL-006 / KV-POOL-016)."""
-        other = copy.deepcopy(self.model)
-        other.manager.pool.unhashed_first = not other.manager.pool.unhashed_first
-        answer = apply(other)
-        return answer, other.observe()
+        with what_if(self.model) as other:
+            other.manager.pool.unhashed_first = not other.manager.pool.unhashed_first
+            answer = apply(other)
+            return answer, other.observe()
 
     def _judge_free_order(self, other: Observation, allocated: object = None, expected_allocated: object = None,
                           other_allocated: object = None, explained: tuple[object, ...] = ()) -> None:
