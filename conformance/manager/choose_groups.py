@@ -51,6 +51,7 @@ from ..steps import (
     Schedule,
     TakeCopies,
 )
+from .choose_one_group import requests_sharing_blocks
 from .what_if import what_if
 
 TOKENS = st.integers(0, 3)
@@ -334,7 +335,9 @@ class GroupsRules:
     @precondition(_has_live)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        request_id = data.draw(st.sampled_from(self._live()), label="request")
+        sharing = requests_sharing_blocks(self.driver.model)
+        choices = sharing if sharing and data.draw(st.booleans(), label="frees a shared block") else self._live()
+        request_id = data.draw(st.sampled_from(choices), label="request")
         request = self.driver.model.requests[request_id]
         if request.num_computed_tokens:
             self.warm.append(tuple(request.all_token_ids[:request.num_computed_tokens]))
