@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
 import os
@@ -26,8 +27,10 @@ from kvoracle.conformance.harness.verdicts import (
     Verdicts,
     applicability,
 )
+from kvoracle.conformance.manager.what_if import what_if
 from kvoracle.reference import BlockPool, ManagerConfig
 from kvoracle.spec import ConfigError, all_rules
+from kvoracle.spec.contracts import can_suspend, is_suspended
 
 REPO = Path(__file__).parent.parent
 
@@ -164,6 +167,26 @@ def test_contract_violations_in_the_reference_name_their_rule() -> None:
     pool = BlockPool(4, enable_caching=True)
     with pytest.raises(icontract.ViolationError, match="KV-POOL-004"):
         pool.get_new_blocks(4)
+
+
+def test_a_what_if_runs_on_a_copy_with_the_contracts_suspended() -> None:
+    if os.environ.get("KVORACLE_CONTRACTS", "1") == "0" or not can_suspend():
+        pytest.skip("no contracts to suspend in this process")
+    model = ReferenceEngine()
+    model.configure(ManagerConfig(num_blocks=4, block_size=2, max_model_len=8))
+    model.add_request("r0", (1, 2, 3, 4, 5))
+    before = model.observe()
+    with what_if(model) as other:
+        assert is_suspended()
+        other.manager.pool.blocks[1].ref_cnt = 1  # in the free queue and referenced: KV-POOL-010
+        assert other.manager.pool.num_free_blocks() == 3  # the invariant is not checked
+        assert other.allocate("r0", 5, 0) == ((1, 2, 3),)
+    assert not is_suspended()
+    assert model.observe() == before  # the copy's course left the model as it was
+    broken = copy.deepcopy(model)
+    broken.manager.pool.blocks[1].ref_cnt = 1
+    with pytest.raises(icontract.ViolationError, match="KV-POOL-010"):
+        broken.manager.pool.num_free_blocks()
 
 
 def test_contracts_switch_off_in_a_fresh_process() -> None:
