@@ -51,7 +51,6 @@ from ..steps import (
     Schedule,
     TakeCopies,
 )
-from .choose_one_group import requests_sharing_blocks
 from .what_if import what_if
 
 TOKENS = st.integers(0, 3)
@@ -335,9 +334,7 @@ class GroupsRules:
     @precondition(_has_live)
     @rule(data=st.data())
     def release(self, data: st.DataObject) -> None:
-        sharing = requests_sharing_blocks(self.driver.model)
-        choices = sharing if sharing and data.draw(st.booleans(), label="frees a shared block") else self._live()
-        request_id = data.draw(st.sampled_from(choices), label="request")
+        request_id = data.draw(st.sampled_from(self._live()), label="request")
         request = self.driver.model.requests[request_id]
         if request.num_computed_tokens:
             self.warm.append(tuple(request.all_token_ids[:request.num_computed_tokens]))

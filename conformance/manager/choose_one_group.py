@@ -18,7 +18,6 @@ from kvoracle.spec import block_pool as pool_spec
 
 from .. import steps
 from ..adapter import Capabilities
-from ..engines.reference import ReferenceEngine
 
 #: Tokens come from a tiny alphabet so that independent requests collide.
 TOKENS = st.integers(min_value=0, max_value=3)
@@ -26,16 +25,6 @@ MAX_LIVE_REQUESTS = 5
 #: The first token of the requests that crowd the pool (each its own token, repeated).
 FILLER_TOKENS = 10_000_000
 MAX_FILLERS = 12
-
-
-def requests_sharing_blocks(model: ReferenceEngine) -> list[str]:
-    """The requests holding a block some other request holds too. Freeing one lowers a count
-    without releasing the block (KV-POOL-010, KV-POOL-011), where a count dropped too far
-    shows. The free rules draw among them half the time there are any: such sharing is rare
-    (a hit on a live request's blocks)."""
-    seen = model.observe()
-    return sorted(rid for rid, tables in seen.block_tables.items()
-                  if any(seen.ref_counts[b] >= 2 for table in tables for b in table if b))
 
 
 @st.composite
@@ -161,16 +150,14 @@ class OneGroupRules:
         return [i for i, (tokens, _, hashes) in enumerate(self.freed)
                 if self._free_hit_blocks(hashes, len(tokens))]
 
-    def _capacity_edge(self, request_id: str, past: bool = True) -> tuple[int, int] | None:
-        """New and lookahead tokens one block more than the free blocks outside the hit
-        (``past``), or exactly as many.
+    def _capacity_edge(self, request_id: str) -> tuple[int, int] | None:
+        """New and lookahead tokens one block more than the free blocks outside the hit.
 
         A waiting request whose hit holds ``h`` free blocks fits only if the new blocks and
         those ``h`` together fit in the free queue (KV-LIFE-003): touching a free hit takes it
         out of the queue. Asking for exactly one block more than the free blocks outside the
-        hit fails; an engine that forgets the ``h`` allocates it (and runs out). Asking for
-        exactly as many fits and leaves no block free. ``None`` where the hit holds no free
-        block or the request cannot be that long.
+        hit fails; an engine that forgets the ``h`` allocates it (and runs out). ``None`` where
+        the hit holds no free block or the request cannot be that long.
         """
         config = self._config()
         request = self.model.requests[request_id]
@@ -180,7 +167,7 @@ class OneGroupRules:
         if not free_hits:
             return None
         free_elsewhere = self.model.manager.pool.num_free_blocks() - free_hits
-        slots = (len(blocks) + free_elsewhere) * config.block_size + past
+        slots = (len(blocks) + free_elsewhere) * config.block_size + 1
         num_new = min(slots, request.num_tokens) - hit_tokens
         lookahead = slots - hit_tokens - num_new
         if num_new < 1 or slots > config.max_model_len or (lookahead and not self.caps.lookahead):
@@ -254,12 +241,7 @@ class OneGroupRules:
             edge = self._capacity_edge(request_id)
         if edge is not None and (press or data.draw(st.sampled_from([True, True, True, False]),
                                                     label="capacity edge")):
-            # Past the edge mostly fails; at it, the hit is taken and the pool left empty. Past it
-            # alone, a request with free hit blocks failed until it was freed: in one-group models
-            # one allocation with a hit in thirty succeeded, and hardly any block was shared.
-            at_edge = None if press or data.draw(st.booleans(), label="past the edge") else \
-                self._capacity_edge(request_id, past=False)
-            num_new, lookahead = at_edge or edge
+            num_new, lookahead = edge
         else:
             num_new = data.draw(st.integers(1, 3 * config.block_size), label="new")
             lookahead = data.draw(st.sampled_from([0, 0, 1, config.block_size]),
@@ -374,12 +356,8 @@ class OneGroupRules:
         requests = sorted(self.model.requests)
         computed = [rid for rid in requests if self.model.requests[rid].num_computed_tokens
                     >= self._config().block_size]
-        sharing = requests_sharing_blocks(self.model)
-        if sharing and data.draw(st.booleans(), label="frees a shared block"):
-            choices = sharing
-        else:
-            choices = computed if computed and data.draw(
-                st.sampled_from([True, True, True, False]), label="finished") else requests
+        choices = computed if computed and data.draw(
+            st.sampled_from([True, True, True, False]), label="finished") else requests
         request_id = data.draw(st.sampled_from(choices), label="request")
         preempted = data.draw(st.booleans(), label="preempted")
         request = self.model.requests[request_id]
