@@ -146,7 +146,7 @@ class ReferenceEngine:
         pool = manager.pool
         # Reading changes nothing, and every change was followed by the class invariants' check:
         # checking them again around each of these reads (the manager's once per request) cost
-        # about a seventh of a conformance run.
+        # about a seventh of the manager runs profiled (docs/results.md, fifteenth part).
         with suspended():
             return Observation(
                 num_free_blocks=pool.num_free_blocks(),
