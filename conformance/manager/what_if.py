@@ -8,9 +8,10 @@ Each is answered on a deep copy of the reference, which the suite then drops.
 The copy runs with kvoracle's contracts suspended. The reference's own course is checked
 after every call; a copy only repeats that code from a state the course reached (or one
 field away from it), and its answer decides which rule a difference is charged to or which
-example is drawn, never a verdict by itself. The checks it would repeat cost up to half of a
-manager run: the class invariants walk the whole pool before and after every call, and the
-look-ahead searches ask an allocation's need once per look-ahead.
+example is drawn, never a verdict by itself. The checks it would repeat are not cheap: the
+class invariants walk the whole pool before and after every call, and the look-ahead searches
+ask an allocation's need once per look-ahead (one such search took 14 % of a profiled run,
+docs/results.md, fifteenth part).
 
 Nothing inside the block may call the engine or judge it: a check made there would count as
 one made while shrinking (:func:`kvoracle.spec.contracts.is_suspended`).
