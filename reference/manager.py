@@ -90,6 +90,13 @@ def _refcounts_balanced(manager: KVCacheManager) -> bool:
         pool._ref_counts(), tuple(occurrences.get(i, 0) for i in range(pool.num_blocks)))
 
 
+def _copies_released(manager: KVCacheManager, refs_before: tuple[int, ...], copies: tuple) -> bool:
+    """KV-MAMBA-025: each block's count fell by the number of taken copies it was a page of."""
+    pages = Counter(block_id for source, copy in copies for block_id in {source.block_id, copy.block_id})
+    refs_after = manager.pool._ref_counts()
+    return all(refs_after[b] == refs_before[b] - pages[b] for b in range(manager.pool.num_blocks))
+
+
 def _nulls_placed(manager: KVCacheManager) -> bool:
     """KV-HYB-013 for every table but an align-mode Mamba one."""
     return all(spec.table_nulls_ok(group.kind, tuple(b.is_null for b in table))
@@ -352,9 +359,7 @@ class KVCacheManager:
     @icontract.ensure(lambda self, result, OLD: result == [(s.block_id, c.block_id) for s, c in OLD.pending]
                       and not any(group.pending_copies for group in self.groups),
                       "KV-MAMBA-023/KV-MAMBA-024: every queued copy, in order, once", enabled=ENABLED)
-    @icontract.ensure(lambda self, OLD: all(
-        self.pool._ref_counts()[b] == OLD.refs[b] - sum(b in (s.block_id, c.block_id) for s, c in OLD.pending)
-        for b in range(self.pool.num_blocks)),
+    @icontract.ensure(lambda self, OLD: _copies_released(self, OLD.refs, OLD.pending),
         "KV-MAMBA-025: once taken, both pages of each copy lose the reference that held them", enabled=ENABLED)
     def take_kv_cache_block_copies(self) -> list[tuple[int, int]]:
         """The copies the allocations queued since the last call, as (source, copy) block ids in

@@ -6,8 +6,11 @@ import copy
 import importlib.util
 import json
 import os
+import pickle
 import subprocess
 import sys
+from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 
 import broken_engines
@@ -187,6 +190,75 @@ def test_a_what_if_runs_on_a_copy_with_the_contracts_suspended() -> None:
     broken.manager.pool.blocks[1].ref_cnt = 1
     with pytest.raises(icontract.ViolationError, match="KV-POOL-010"):
         broken.manager.pool.num_free_blocks()
+
+
+def _same_graph(one: object, other: object) -> bool:
+    """Whether two object graphs are alike: the same types, equal atoms, containers with their
+    items in the same order, and one object of one graph for each object of the other (a
+    mutable object shared in one is shared in the other). Identity of atoms is not compared."""
+    paired: dict[int, int] = {}
+    pending = [(one, other)]
+    while pending:
+        a, b = pending.pop()
+        if type(a) is not type(b):
+            return False
+        if isinstance(a, (int, float, str, bytes, bool, type(None), type, range)) or callable(a):
+            if a != b if not callable(a) else a is not b:
+                return False
+            continue
+        if id(a) in paired:
+            if paired[id(a)] != id(b):
+                return False
+            continue
+        paired[id(a)] = id(b)
+        if isinstance(a, (list, tuple)):
+            if len(a) != len(b):
+                return False
+            pending.extend(zip(a, b))
+        elif isinstance(a, dict):
+            if list(a) != list(b):
+                return False
+            pending.extend(zip(a.values(), b.values()))
+        elif isinstance(a, (set, frozenset)):
+            if a != b or list(a) != list(b):
+                return False
+        else:
+            pending.append((pickle_state(a), pickle_state(b)))
+    return True
+
+
+def pickle_state(obj: object) -> object:
+    """An object's state as pickle sees it (its ``__dict__`` or slots)."""
+    reduced = obj.__reduce_ex__(pickle.HIGHEST_PROTOCOL)
+    return reduced[2] if len(reduced) > 2 else ()
+
+
+def test_the_copies_a_manager_run_makes_are_deep_copies(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``copy_of`` (a pickle round trip) gives the object graph ``copy.deepcopy`` gives, on every
+    model a manager run copies: the same graph (mutable objects shared alike, containers in the
+    same order, equal atoms), sharing no block with the model."""
+    from kvoracle.conformance.manager import groups
+    from kvoracle.conformance.manager import what_if as what_if_module
+
+    made: Counter[str] = Counter()
+    copy_of = what_if_module.copy_of
+
+    def checked(where: str) -> Callable[[ReferenceEngine], ReferenceEngine]:
+        def checked_copy_of(model: ReferenceEngine) -> ReferenceEngine:
+            ours, theirs = copy_of(model), copy.deepcopy(model)
+            assert _same_graph(ours, theirs)
+            assert ours.manager is not model.manager
+            assert not set(map(id, ours.manager.pool.blocks)) & set(map(id, model.manager.pool.blocks))
+            made[where] += 1
+            return ours
+        return checked_copy_of
+
+    monkeypatch.setattr(what_if_module, "copy_of", checked("what-if"))
+    monkeypatch.setattr(groups, "copy_of", checked("before an align-mode allocation"))
+    result = run_suite("reference", RunOptions(max_examples=15, replay_dir=None), suite="manager")
+    assert result.internal_errors == []
+    assert not [rule for rule, o in result.verdicts.outcomes.items() if o.outcome in ("fail", "error")]
+    assert made["what-if"] > 100 and made["before an align-mode allocation"] > 0, made
 
 
 def test_contracts_switch_off_in_a_fresh_process() -> None:

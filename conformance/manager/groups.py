@@ -34,7 +34,6 @@ checks, one tensor per group, and the suite judges the KV-DATA rules too.
 
 from __future__ import annotations
 
-import copy
 import math
 from collections import Counter
 from collections.abc import Callable
@@ -54,7 +53,7 @@ from ..adapter import Lookup, Observation
 from ..engines.reference import ReferenceEngine
 from ..harness.capabilities import mode_rule
 from .align import AlignJudge
-from .what_if import what_if
+from .what_if import copy_of, what_if
 
 NULL_BLOCK_ID = 0
 #: The rule of each kind's skipped-token count.
@@ -373,7 +372,7 @@ class GroupsJudge(AlignJudge):
                                     + new + drafts) if align else {}
         due = self._copies_due(step.request_id, hit) if align else {}
         partial = self.config.partial_hits
-        before = copy.deepcopy(self.model) if align and (hit.num_tokens or due or partial) else self.model
+        before = copy_of(self.model) if align and (hit.num_tokens or due or partial) else self.model
         deferred = bool(align) and waiting and self._deferred_hit(hit)
         queued = {g: len(self.model.manager.groups[g].pending_copies) for g in due}
         expected = self.model.allocate(*arguments)
