@@ -54,6 +54,9 @@ _OPTIONS = (
     ("database", dict(default=None, metavar="DIR|URL",
                       help="the example database (a directory or a redis:// URL; 'none': no database); "
                            "default: $KVORACLE_DATABASE, else examples/ in the Hypothesis directory")),
+    ("contracts", dict(default="reported", choices=("reported", "drawing"),
+                       help="where kvoracle checks its reference's contracts: on reported counterexamples "
+                            "(default) or on every example drawn as well")),
     ("fail-fast", dict(action="store_true", default=False,
                        help="stop at the first conviction (an expected failure is searched past): shrink its "
                             "example at once and run no further round")),
@@ -84,7 +87,8 @@ def _run_options(config: pytest.Config):
         fail_fast=_option(config, "fail-fast"),
         shrink_calls=DEFAULT_SHRINK_CALLS if _option(config, "shrink-calls") is None
         else _option(config, "shrink-calls"),
-        search_calls=search_calls_option(_option(config, "search-calls")))
+        search_calls=search_calls_option(_option(config, "search-calls")),
+        contracts=_option(config, "contracts"))
     options.database = chosen_database(_option(config, "database"),
                                        options.hypothesis_dir or default_hypothesis_dir())
     problems = options.problems() + ([f"step timeout must be >= 0, got {timeout}"] if timeout < 0 else [])

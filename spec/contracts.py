@@ -85,3 +85,19 @@ def suspended() -> Iterator[None]:
         yield
     finally:
         var.reset(token)
+
+
+@contextlib.contextmanager
+def checked() -> Iterator[None]:
+    """Within the block, in the current thread's context, icontract evaluates every condition
+    again, even inside :func:`suspended`: for code that is not kvoracle's reference (an engine
+    called in the run's own thread keeps its own contracts whatever kvoracle's state)."""
+    var = _in_progress()
+    if var is None:
+        yield
+        return
+    token = var.set(set())
+    try:
+        yield
+    finally:
+        var.reset(token)

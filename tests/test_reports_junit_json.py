@@ -237,6 +237,29 @@ def test_validate_report_names_the_extra_without_jsonschema(monkeypatch: pytest.
 
 
 # -- timing ---------------------------------------------------------------------------------------
+def test_a_failure_drawn_without_contracts_is_detected_when_drawn_and_counted_when_confirmed() -> None:
+    """A check failing while kvoracle's contracts are off and Hypothesis draws (not shrinks) is not
+    counted, but its time is the rule's detection once a failure with them on confirms the rule."""
+    from kvoracle.spec.contracts import can_suspend, suspended
+
+    if not can_suspend():
+        pytest.skip("this icontract has no in-progress guard to suspend the checks with")
+    verdicts = Verdicts(Capabilities())
+    rule = "KV-POOL-007"
+    outcome = verdicts.outcomes[rule]
+    with suspended(), pytest.raises(AssertionError):
+        verdicts.check(rule, False, "drawn")
+    assert outcome.failed_checks == 0 and outcome.first_failure_s is None
+    drawn = verdicts.provisional_failures[rule]
+    assert drawn is not None and list(verdicts.seen_failing) == [rule]
+    time.sleep(0.01)
+    with pytest.raises(AssertionError):
+        verdicts.check(rule, False, "replayed")
+    assert outcome.failed_checks == 1 and outcome.first_failure_s == drawn
+    verdicts.record(Counterexample(rule, "replayed", []))
+    assert outcome.conviction_s >= drawn + 0.01
+
+
 def test_failed_check_and_record_set_the_times_once() -> None:
     verdicts = Verdicts(Capabilities())
     rule = "KV-POOL-007"

@@ -27,6 +27,8 @@ from typing import Any
 
 import attrs
 
+from kvoracle.spec.contracts import checked
+
 #: Validates what an operation returned: ``None`` when it is acceptable, else what is wrong.
 Validator = Callable[[Any], "str | None"]
 
@@ -285,8 +287,9 @@ class EngineCaller:
     def _run(self, operation: str, function: Callable[..., Any], args: tuple, kwargs: dict,
              timeout: float | None = None) -> Any:
         try:
-            if self.timeout is None:
-                return _invoke(function, args, kwargs)
+            if self.timeout is None:  # in this thread: with the engine's own contracts, whatever kvoracle's
+                with checked():
+                    return _invoke(function, args, kwargs)
             return self._timed(operation, function, args, kwargs, timeout or self.timeout)
         except EngineError:
             raise

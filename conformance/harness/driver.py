@@ -22,6 +22,7 @@ from kvoracle.spec.contracts import is_suspended
 
 from .calls import EngineCaller, EngineError
 from .picture import missing
+from .shrinking import is_shrinking
 from .verdicts import Counterexample, KnownFailure, RuleViolation, Verdicts, violation
 
 RULE_ID_IN_TEXT = re.compile(r"\bKV-[A-Z]+-\d{3}\b")
@@ -145,12 +146,16 @@ class Driver:
         found.steps = list(self.steps)
         example = Counterexample(found.rule_id, found.message, found.steps, found.is_engine_error,
                                  suite=self.suite_name, shrunk=not found.hung)
-        # A check that failed while kvoracle's contracts were suspended (a shrink) is no evidence
-        # until an example with them on fails it too. An engine's own failure (it raised, hung,
-        # exited) is its own whatever the reference said: kept, so that one seen only while
-        # shrinking and not seen again is still charged as the engine's flakiness.
+        # A check that failed while kvoracle's contracts were suspended (a shrink, or the drawing
+        # of a run that checks them on reported counterexamples only) is no evidence until an
+        # example with them on fails it too. An engine's own failure (it raised, hung, exited) is
+        # its own whatever the reference said: kept, so that one seen only while shrinking and
+        # not seen again is still charged as the engine's flakiness.
         if found.is_engine_error or not is_suspended():
             self.verdicts.first_seen.setdefault(found.rule_id, example)
+            self.verdicts.seen_failing.setdefault(found.rule_id)
+        elif not is_shrinking():  # drawn with the contracts off: confirmed at the run's end if no report shows it
+            self.verdicts.provisional_seen.setdefault(found.rule_id, example)
         if found.rule_id in self.verdicts.suppressed:
             return
         if found.hung and self.record_hangs:

@@ -17,6 +17,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kvoracle.spec.contracts import checked
+
 from .calls import EngineCaller, EngineError
 from .engines import engine_factory
 from .picture import missing
@@ -99,6 +101,35 @@ def picture_replay(suite: str | SuiteDef, engine: str | Callable[[], Any], examp
         return missing(f"the engine could not be built to replay the steps: {error.detail}")
     except Exception as error:  # kvoracle's own, or an adapter's capabilities(): never a verdict
         return missing(f"replaying the steps for the picture failed: {type(error).__name__}: {error}")
+    finally:
+        caller.close()
+
+
+def confirm_replay(suite: SuiteDef, factory: Callable[[], Any], example: Counterexample,
+                   step_timeout: float | None = 10.0, timeout_clock: str = "engine",
+                   hung: dict[str, str] | None = None) -> str | None:
+    """Replay ``example``'s steps once with kvoracle's contracts on, as a run judges them:
+    ``None`` when they fail ``example``'s rule again, else why not (they no longer fail, or fail
+    another rule first: an engine that answers the same steps differently). A contract of
+    kvoracle's that breaks is raised (:class:`icontract.ViolationError`): kvoracle's bug. ``hung``
+    (operation -> why) fail at once instead of waiting out the time limit again."""
+    caller = EngineCaller(step_timeout, returns=suite.returns, clock=timeout_clock)
+    caller.quarantine.hung.update(hung or {})
+    try:
+        driver = _driver(suite, factory, caller, as_run=True)
+        try:
+            with checked():
+                for step in example.steps:
+                    driver.apply(step)
+        except RuleViolation as failed:
+            if failed.rule_id == example.rule_id:
+                return None
+            return f"replayed with kvoracle's contracts on, the steps failed {failed.rule_id} first"
+        finally:
+            driver.close()
+        return "replayed with kvoracle's contracts on, the steps did not fail again"
+    except EngineError as error:
+        return f"the engine could not be built to replay the steps: {error.detail}"
     finally:
         caller.close()
 

@@ -225,7 +225,7 @@ def to_json(result: CheckResult) -> dict:
                     "step_timeout": result.options.step_timeout,
                     "timeout_clock": result.options.timeout_clock, "max_rounds": result.options.max_rounds,
                     "fail_fast": result.options.fail_fast, "shrink_calls": result.options.shrink_calls,
-                    "search_calls": result.options.search_calls,
+                    "search_calls": result.options.search_calls, "contracts": result.options.contracts,
                     "database": None if result.options.database is None else shown(result.options.database)},
         "suites": [_run_json(run) for run in result.runs],
         "unsupported_suites": result.unsupported,

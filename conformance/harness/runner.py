@@ -23,6 +23,7 @@ from typing import Any
 
 import attrs
 import hypothesis
+import icontract
 from hypothesis import HealthCheck, Phase, Verbosity
 from hypothesis.errors import Flaky, HypothesisException
 from hypothesis.stateful import get_state_machine_test
@@ -32,8 +33,8 @@ from .database import open_database, shown
 from .determinism import CountingClocks, independent_of_hashing, independent_of_imports, independent_of_time
 from .engines import EngineLoadError, engine_factory, engine_spec_of
 from .machine import bind_machine, examples_key
-from .replay import picture_replay, write_replay
-from .shrinking import contracts_off_while_shrinking
+from .replay import confirm_replay, picture_replay, write_replay
+from .shrinking import CONTRACT_MODES, DEFAULT_CONTRACTS, contracts_checked_where
 from .suites import SuiteDef, capabilities_of, get_suite
 from .verdicts import Counterexample, RuleViolation, Verdicts
 
@@ -105,6 +106,9 @@ class RunOptions:
     #: After the rounds, replay each counterexample once to draw a picture of its failing step
     #: (:mod:`.picture`; the HTML report shows it).
     pictures: bool = False
+    #: Where kvoracle's own contracts are checked (:mod:`.shrinking`): ``"reported"``, on the
+    #: replay of each counterexample before it is reported; ``"drawing"``, on every example drawn too.
+    contracts: str = DEFAULT_CONTRACTS
 
     def problems(self) -> list[str]:
         """What is wrong with these options (``kvoracle check`` refuses them before running)."""
@@ -120,6 +124,8 @@ class RunOptions:
             found.append(f"timeout_clock must be one of {CLOCKS}, got {self.timeout_clock!r}")
         if self.seed < 0:
             found.append(f"seed must be >= 0, got {self.seed}")
+        if self.contracts not in CONTRACT_MODES:
+            found.append(f"contracts must be one of {CONTRACT_MODES}, got {self.contracts!r}")
         return found
 
 
@@ -345,15 +351,15 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             caller: EngineCaller, say: Callable[[str], None], note: Checkpoint, notify: _Notify) -> None:
     options, verdicts = result.options, result.verdicts
     name = suite.alias or suite.name
-    round_began = seen = 0  # the examples before this round; the rules in verdicts.first_seen told of
+    round_began = seen = 0  # the examples before this round; the rules in verdicts.seen_failing told of
     told: set[str] = set()  # the convicted rules told of
 
     def tell_failures() -> None:
         nonlocal seen
-        if len(verdicts.first_seen) != seen:  # it only grows
-            for rule_id in list(verdicts.first_seen)[seen:]:
+        if len(verdicts.seen_failing) != seen:  # it only grows
+            for rule_id in list(verdicts.seen_failing)[seen:]:
                 notify("failure_seen", name, rule_id)
-            seen = len(verdicts.first_seen)
+            seen = len(verdicts.seen_failing)
         for rule_id in sorted(verdicts.suppressed - told):
             told.add(rule_id)
             notify("rule_failed", name, rule_id, not verdicts.outcomes[rule_id].counterexamples)
@@ -419,7 +425,7 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
             notify("round_started", name, result.rounds, replaying, max_examples, seed)
             try:
                 with independent_of_imports(), independent_of_time(clock), independent_of_hashing(), \
-                        contracts_off_while_shrinking():
+                        contracts_checked_where(options.contracts):
                     test()
             except (HypothesisException, Exception) as error:
                 recorded = _record_round_failures(error, verdicts, seen_before, result, say)
@@ -453,6 +459,9 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
         say("  interrupted: the verdicts so far are reported, marked incomplete")
     finally:
         result.duration_s = time.perf_counter() - started
+    # A rule whose failure was seen only on examples drawn with kvoracle's contracts off, and that
+    # no report shows (see below), is judged on its first example replayed with them on.
+    _confirm_unreported(result, suite, factory, caller, say)
     # A rule whose failure no reported counterexample shows (the shrink of its example slipped
     # to another rule's smaller one, or the run was cut short) is convicted on the example it was
     # first seen in.
@@ -461,6 +470,28 @@ def _rounds(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], prob
         say(f"  {'engine error' if example.engine_error else 'failure'}: {example.rule_id} -- {example.message}")
         say(f"  not shrunk: {len(example.steps)} steps (the example it was first seen in)")
     tell_failures()
+
+
+def _confirm_unreported(result: RunResult, suite: SuiteDef, factory: Callable[[], Any], caller: EngineCaller,
+                        say: Callable[[str], None]) -> None:
+    """Replay, with kvoracle's contracts on, the first example of each rule that failed only while
+    drawn with them off: a failure again confirms it (convicted below on that example); steps
+    that no longer fail it are the engine's flakiness; a contract that breaks is kvoracle's bug."""
+    verdicts, options = result.verdicts, result.options
+    for example in verdicts.unconfirmed_failures():
+        try:
+            why_not = confirm_replay(suite, factory, example, options.step_timeout, options.timeout_clock,
+                                     dict(caller.quarantine.hung))
+        except icontract.ViolationError as broken:
+            result.internal_errors.append(f"{type(broken).__name__}: {broken}")
+            say(f"  internal error: {type(broken).__name__}: {broken}")
+            continue
+        if why_not is None:
+            verdicts.confirm(example)
+        else:
+            verdicts.record(attrs.evolve(example, flaky=True, shrunk=False,
+                                         message=f"{example.message} ({why_not})"))
+            say(f"  failure (flaky): {example.rule_id} -- {example.message} ({why_not})")
 
 
 def _record_round_failures(error: BaseException, verdicts: Verdicts, seen_before: set[str],

@@ -27,6 +27,7 @@ from kvoracle.spec import Rule, all_rules, get_rule
 from kvoracle.spec.contracts import is_suspended
 
 from .capabilities import MODE_RULES, Capabilities
+from .shrinking import is_shrinking
 
 PASS = "pass"
 FAIL = "fail"
@@ -178,6 +179,14 @@ class Verdicts:
         #: may report such a failure as inconsistent data generation instead, when the contract held
         #: on the same example while it shrank (:mod:`.shrinking`), so the runner names it from here.
         self.broken_contracts: list[str] = []
+        #: When each rule first failed on an example drawn with kvoracle's contracts off (a run
+        #: checking them only on reported counterexamples): its detection, once a failure with
+        #: them on confirms the rule.
+        self.provisional_failures: dict[str, float | None] = {}
+        #: The first example each rule failed while drawn with the contracts off, unshrunk.
+        self.provisional_seen: dict[str, Counterexample] = {}
+        #: Rules in the order a failure of theirs was first seen, checked or provisional.
+        self.seen_failing: dict[str, None] = {}
         #: The run's clock (``time.perf_counter``) starts with its verdicts; None: not timed.
         self.started: float | None = time.perf_counter()
 
@@ -188,10 +197,21 @@ class Verdicts:
     def failed(self, rule_id: str) -> None:
         """Note the time of ``rule_id``'s first failure (a failed check or an engine error)."""
         if is_suspended():
-            return  # provisional: see check()
+            # Not evidence yet (see check()). Met while Hypothesis draws examples, it is the
+            # rule's detection should a failure with the contracts on confirm the rule; met
+            # while it shrinks a failure already seen, nothing.
+            if not is_shrinking() and rule_id not in self.provisional_failures:
+                self.provisional_failures[rule_id] = self.elapsed()
+                self.seen_failing.setdefault(rule_id)
+            return
         outcome = self.outcomes[rule_id]
         if outcome.first_failure_s is None:
-            outcome.first_failure_s = self.elapsed()
+            outcome.first_failure_s = self._detected(rule_id, self.elapsed())
+        self.seen_failing.setdefault(rule_id)
+
+    def _detected(self, rule_id: str, now: float | None) -> float | None:
+        """When ``rule_id``'s failure, confirmed ``now``, was first seen."""
+        return self.provisional_failures[rule_id] if rule_id in self.provisional_failures else now
 
     def exclude(self, rule_id: str, reason: str) -> None:
         """Judge ``rule_id`` not at all in this run (the suite gives the engine no example reaching it)."""
@@ -210,16 +230,35 @@ class Verdicts:
         outcome.checks += 1
         if ok:
             return
-        # A failure seen with kvoracle's contracts suspended (while Hypothesis shrinks) is not
-        # counted: the reference was not checked on that example. It still ends the example, so
-        # the shrink goes on; it counts once an example with the contracts on fails (Hypothesis
-        # replays every failure it reports), never on an example where the reference broke one.
+        # A failure seen with kvoracle's contracts suspended (while Hypothesis shrinks, and while
+        # it draws in a run that checks them on reported counterexamples only) is not counted:
+        # the reference was not checked on that example. It still ends the example, so the round
+        # goes on; it counts once an example with the contracts on fails (Hypothesis replays
+        # every failure it reports), never on an example where the reference broke one.
         if not is_suspended():
             outcome.failed_checks += 1
-            self.failed(rule_id)
+        self.failed(rule_id)
         if rule_id in self.suppressed:
             raise KnownFailure(rule_id)
         raise violation(rule_id, message() if callable(message) else str(message))
+
+    def unconfirmed_failures(self) -> list[Counterexample]:
+        """The first examples of rules that failed only while drawn with kvoracle's contracts off,
+        and that no counterexample, engine error or checked failure shows: each is replayed with
+        the contracts on before anything is charged (a fail-fast shrink that slipped to another
+        rule's smaller example leaves its own rule so)."""
+        return [example for rule_id, example in self.provisional_seen.items()
+                if not (self.outcomes[rule_id].counterexamples or self.outcomes[rule_id].errors
+                        or self.outcomes[rule_id].failed_checks)]
+
+    def confirm(self, example: Counterexample) -> None:
+        """``example``, drawn with the contracts off, failed its rule again on a replay with them on:
+        a failed check, first seen when it was drawn."""
+        outcome = self.outcomes[example.rule_id]
+        outcome.failed_checks += 1
+        if outcome.first_failure_s is None:
+            outcome.first_failure_s = self._detected(example.rule_id, self.elapsed())
+        self.first_seen.setdefault(example.rule_id, example)
 
     def unrecorded_failures(self) -> list[Counterexample]:
         """Counterexamples for rules that failed but never got a shrunk one."""
@@ -235,7 +274,8 @@ class Verdicts:
         (outcome.errors if example.engine_error else outcome.counterexamples).append(example)
         now = self.elapsed()
         if outcome.first_failure_s is None:  # detected no later than convicted (a hang: at once)
-            outcome.first_failure_s = now
+            outcome.first_failure_s = self._detected(example.rule_id, now)
+        self.seen_failing.setdefault(example.rule_id)
         if outcome.conviction_s is None:
             outcome.conviction_s = now
         self.suppressed.add(example.rule_id)

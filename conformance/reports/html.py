@@ -82,7 +82,9 @@ def _summary(result: CheckResult) -> str:
                          f"up to {options.max_rounds} rounds, step timeout {options.step_timeout} s "
                          f"({options.timeout_clock} time), {options.shrink_calls} shrink calls, "
                          + (f"{options.search_calls} search calls after a failure" if options.search_calls
-                            else "Hypothesis' own search after a failure")),
+                            else "Hypothesis' own search after a failure")
+                         + ", kvoracle's contracts checked on "
+                         + ("every example drawn" if options.contracts == "drawing" else "reported counterexamples")),
              ("kvoracle", f"{__version__} on Python {platform.python_version()}")]
     if result.incomplete:
         facts.append(("incomplete", result.incomplete))
