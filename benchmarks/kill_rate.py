@@ -88,7 +88,7 @@ def _suite_order(home: str) -> list[str]:
 
 def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
             baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int,
-            search_calls: int | None) -> dict[str, Any]:
+            search_calls: int | None, contracts: str = "reported") -> dict[str, Any]:
     """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
     import contextlib
 
@@ -104,7 +104,7 @@ def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
     order = _suite_order(mutant.suite if mutant else "manager")
     options = RunOptions(max_examples=max_examples, step_count=step_count, seed=seed,
                          replay_dir=None, fail_fast=fail_fast, shrink_calls=shrink_calls,
-                         search_calls=search_calls)
+                         search_calls=search_calls, contracts=contracts)
     row: dict[str, Any] = {"mutant": key, "seed": seed, "killed": False, "rule": None, "suite": None,
                            "convicted_s": None, "message": None, "failing": {}, "abandoned": False}
     # vLLM's first adapter construction imports the rest of its engine (3 to 7 s here): a cost
@@ -169,7 +169,7 @@ def _child(args: argparse.Namespace) -> int:
     baseline = json.loads(args.baseline) if args.baseline else {}
     for seed in args.seeds:
         row = run_one(args.one or None, seed, args.max_examples, args.steps, baseline, args.fail_fast,
-                      args.shrink_calls, args.search_calls)
+                      args.shrink_calls, args.search_calls, args.contracts)
         print("ROW " + json.dumps(row), flush=True)
         if row["abandoned"]:
             return 3  # the parent starts a fresh child for the remaining seeds
@@ -183,7 +183,7 @@ def _spawn(key: str, seeds: list[int], args: argparse.Namespace, baseline: dict)
         command = [sys.executable, str(Path(__file__).resolve()), "--one", key, "--seeds",
                    *map(str, remaining), "--max-examples", str(args.max_examples), "--steps",
                    str(args.steps), "--shrink-calls", str(args.shrink_calls), "--search-calls",
-                   str(args.search_calls or 0), "--baseline", json.dumps(baseline)]
+                   str(args.search_calls or 0), "--contracts", args.contracts, "--baseline", json.dumps(baseline)]
         if args.fail_fast:
             command.append("--fail-fast")
         proc = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "PYTHONHASHSEED": "0"})
@@ -281,6 +281,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="as `kvoracle check --shrink-calls` (its default: 150)")
     parser.add_argument("--search-calls", type=int,
                         help="as `kvoracle check --search-calls` (its default: 100; 0: Hypothesis' own count)")
+    parser.add_argument("--contracts", choices=("reported", "drawing"), default="reported",
+                        help="as `kvoracle check --contracts` (its default: reported)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own process")
     parser.add_argument("--check", action="store_true", help="only check that every mutant applies")
@@ -334,7 +336,8 @@ def main(argv: list[str] | None = None) -> int:
             args.json.parent.mkdir(parents=True, exist_ok=True)
             args.json.write_text(json.dumps({"baseline": baseline, "max_examples": args.max_examples,
                                              "fail_fast": args.fail_fast, "shrink_calls": args.shrink_calls,
-                                             "search_calls": args.search_calls, "seeds": args.seeds,
+                                             "search_calls": args.search_calls, "contracts": args.contracts,
+                                             "seeds": args.seeds,
                                              "complete": complete, "rows": rows},
                                             indent=1) + "\n")
 
