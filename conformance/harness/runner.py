@@ -479,6 +479,9 @@ def _confirm_unreported(result: RunResult, suite: SuiteDef, factory: Callable[[]
     that no longer fail it are the engine's flakiness; a contract that breaks is kvoracle's bug."""
     verdicts, options = result.verdicts, result.options
     for example in verdicts.unconfirmed_failures():
+        if result.incomplete is not None:  # interrupted: no engine call more, but nothing unsaid
+            say(f"  not confirmed (the run was cut short): {example.rule_id} -- {example.message}")
+            continue
         try:
             why_not = confirm_replay(suite, factory, example, options.step_timeout, options.timeout_clock,
                                      dict(caller.quarantine.hung))

@@ -211,7 +211,7 @@ class Verdicts:
 
     def _detected(self, rule_id: str, now: float | None) -> float | None:
         """When ``rule_id``'s failure, confirmed ``now``, was first seen."""
-        return self.provisional_failures[rule_id] if rule_id in self.provisional_failures else now
+        return self.provisional_failures.get(rule_id, now)
 
     def exclude(self, rule_id: str, reason: str) -> None:
         """Judge ``rule_id`` not at all in this run (the suite gives the engine no example reaching it)."""
