@@ -11,9 +11,10 @@ says where:
     else in the round: neither while it draws examples nor while it shrinks a failure. A
     counterexample is charged to the engine only after that replay, contracts on, failed the
     rule again; a replay on which the reference breaks a contract is kvoracle's bug instead.
-    With them off the manager suite's examples took a third less CPU time against vLLM
-    (docs/results.md, sixteenth part). A failure drawn with them off is provisional: it ends
-    the example and counts as the rule's detection once a replay with them on confirms the rule.
+    With them off a manager-suite conviction against a vLLM mutant took a quarter less CPU
+    time, the same test calls (docs/results.md, issue 18's sixteenth part). A failure drawn with
+    them off is provisional: it ends the example and counts as the rule's detection once a
+    replay with them on confirms the rule.
 ``drawing``
     Also on every example drawn (off only while shrinking): a reference that breaks a contract
     anywhere in the run stops it, even where the engine agreed with it. For kvoracle's own
