@@ -1037,3 +1037,23 @@ def test_the_pytest_plugin_maps_its_search_calls_option(tmp_path: Path, given, s
     assert plugin._run_options(config(given)).search_calls == expected
     with pytest.raises(pytest.UsageError, match="search_calls must be >= 1"):
         plugin._run_options(config(-2))
+
+
+def test_the_pytest_plugin_and_the_command_share_the_contracts_modes(tmp_path: Path) -> None:
+    """--kvoracle-contracts as --contracts: the same choices, the same default, carried into the
+    run's options."""
+    from kvoracle.conformance import cli, plugin
+    from kvoracle.conformance.harness.shrinking import CONTRACT_MODES, DEFAULT_CONTRACTS
+
+    option = dict(plugin._OPTIONS)["contracts"]
+    assert tuple(option["choices"]) == CONTRACT_MODES and option["default"] == DEFAULT_CONTRACTS
+    values = {"kvoracle_" + name.replace("-", "_"): kwargs.get("default") for name, kwargs in plugin._OPTIONS}
+    values.update(kvoracle_contracts="drawing", kvoracle_database="none", kvoracle_hypothesis_dir=str(tmp_path))
+
+    class Config:
+        def getoption(self, name: str):
+            return values[name]
+    assert plugin._run_options(Config()).contracts == "drawing"
+    check = next(action for action in cli.build_parser()._subparsers._group_actions[0].choices["check"]._actions
+                 if action.dest == "contracts")
+    assert tuple(check.choices) == CONTRACT_MODES and check.default == DEFAULT_CONTRACTS
