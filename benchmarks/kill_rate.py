@@ -41,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from kvoracle.conformance.harness.runner import RunObserver
+from kvoracle.conformance.harness.shrinking import CONTRACT_MODES, DEFAULT_CONTRACTS
 
 HERE = Path(__file__).resolve().parent
 if str(HERE) not in sys.path:
@@ -88,7 +89,7 @@ def _suite_order(home: str) -> list[str]:
 
 def run_one(key: str | None, seed: int, max_examples: int, step_count: int,
             baseline: dict[str, list[str]], fail_fast: bool, shrink_calls: int,
-            search_calls: int | None, contracts: str = "reported") -> dict[str, Any]:
+            search_calls: int | None, contracts: str = DEFAULT_CONTRACTS) -> dict[str, Any]:
     """One mutant (``None``: the unmutated engine) on one seed, through the suites in order."""
     import contextlib
 
@@ -281,7 +282,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="as `kvoracle check --shrink-calls` (its default: 150)")
     parser.add_argument("--search-calls", type=int,
                         help="as `kvoracle check --search-calls` (its default: 100; 0: Hypothesis' own count)")
-    parser.add_argument("--contracts", choices=("reported", "drawing"), default="reported",
+    parser.add_argument("--contracts", choices=CONTRACT_MODES, default=DEFAULT_CONTRACTS,
                         help="as `kvoracle check --contracts` (its default: reported)")
     parser.add_argument("--json", type=Path, help="write every row here")
     parser.add_argument("--jobs", type=int, default=1, help="mutants run at once, each in its own process")

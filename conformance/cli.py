@@ -473,8 +473,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--contracts", choices=("reported", "drawing"), default="reported",
                        help="where kvoracle checks its own reference's contracts (a broken one is kvoracle's bug, "
                             "never the engine's): reported = on the replay of each counterexample before it is "
-                            "charged to the engine (default; a third less time); drawing = on every example drawn "
-                            "as well")
+                            "charged to the engine (default; about a quarter less time); drawing = on every "
+                            "example drawn as well")
     check.add_argument("--json", metavar="FILE", help="also write a JSON report")
     check.add_argument("--html", metavar="FILE",
                        help="also write an HTML report, with a picture of each failure: the reference's and the "

@@ -71,33 +71,30 @@ def can_suspend() -> bool:
 
 
 @contextlib.contextmanager
-def suspended() -> Iterator[None]:
+def _checks_in_progress(claimed: set) -> Iterator[None]:
+    """Within the block, icontract's in-progress set (in the current thread's context) is
+    ``claimed``: what it claims to hold, icontract does not check."""
+    var = _in_progress()
+    if var is None:
+        yield
+        return
+    token = var.set(claimed)
+    try:
+        yield
+    finally:
+        var.reset(token)
+
+
+def suspended() -> contextlib.AbstractContextManager[None]:
     """Within the block, in the current thread's context, icontract evaluates no precondition,
     postcondition or invariant of a method call (an object's invariants after its
     ``__init__`` still are). Other threads keep theirs: an engine called on a worker thread is
     not affected."""
-    var = _in_progress()
-    if var is None:
-        yield
-        return
-    token = var.set(_EveryCheckInProgress())
-    try:
-        yield
-    finally:
-        var.reset(token)
+    return _checks_in_progress(_EveryCheckInProgress())
 
 
-@contextlib.contextmanager
-def checked() -> Iterator[None]:
+def checked() -> contextlib.AbstractContextManager[None]:
     """Within the block, in the current thread's context, icontract evaluates every condition
     again, even inside :func:`suspended`: for code that is not kvoracle's reference (an engine
     called in the run's own thread keeps its own contracts whatever kvoracle's state)."""
-    var = _in_progress()
-    if var is None:
-        yield
-        return
-    token = var.set(set())
-    try:
-        yield
-    finally:
-        var.reset(token)
+    return _checks_in_progress(set())
