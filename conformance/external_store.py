@@ -80,7 +80,7 @@ from .harness import returns
 from .harness.driver import Driver
 from .harness.machine import SuiteMachine
 from .harness.suites import SuiteDef, register_suite
-from .hybrid_lookup import EAGLE_ON, MOSTLY_TRUE, PARTS, GroupDesc, _kv_spec, hybrid_setups
+from .hybrid_lookup import EAGLE_ON, MOSTLY_TRUE, PARTS, GroupDesc, _kv_spec, hybrid_setups, kept
 
 #: Per-group masks, as plain tuples.
 Masks = tuple[tuple[bool, ...], ...]
@@ -226,6 +226,12 @@ class ReferenceExternalStore:
 
 
 # -- generation ----------------------------------------------------------------------------
+# Strategies are kept, built once per shape (why: hybrid_lookup's ``kept``).
+@kept
+def _hybrids(eagle: bool | None) -> st.SearchStrategy:
+    return hybrid_setups(eagle=eagle)
+
+
 @st.composite
 def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = None) -> StoreSetup:
     """Hybrid configurations (hybrid_lookup's generator) with EAGLE marks, or -- for engines
@@ -241,7 +247,7 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
         prefix = draw(tokens)
         prompts = tuple(tuple(prefix + draw(tokens)) for _ in range(draw(st.integers(1, 3))))
         return StoreSetup(groups, hash_size, False, tuple(False for _ in groups), prompts, partial=True)
-    hybrid = draw(hybrid_setups(eagle=eagle))
+    hybrid = draw(_hybrids(eagle))
     if hybrid.use_eagle and draw(st.integers(0, 5), label="marked mamba") == 0:
         # Full attention and a marked Mamba group, both at the hash block, so the alignment is
         # one block and equals the attention groups' EAGLE look-ahead. The store writes no Mamba
@@ -320,6 +326,20 @@ def store_setups(draw: st.DrawFn, partial: bool = False, eagle: bool | None = No
         first = flaggable.index(True)
         flags = tuple(g == first for g in range(len(flags)))
     return StoreSetup(hybrid.groups, hybrid.hash_block_size, hybrid.use_eagle, flags, hybrid.prompts)
+
+
+@kept
+def _setups(partial: bool, eagle: bool) -> st.SearchStrategy[StoreSetup]:
+    return store_setups(partial, eagle=eagle)
+
+
+@kept
+def _bounds(length: int, hashed: int, block: int) -> st.SearchStrategy[int | None]:
+    """A lookup's bound: mostly none; or any; or a block or more below the ``hashed`` tokens,
+    which leaves room for the EAGLE look-ahead (KV-HYB-007) that a store looking one spec group
+    up directly skips (KV-EXT-013)."""
+    short = st.integers(0, 2).map(lambda blocks: max(0, hashed - (blocks + 1) * block))
+    return st.none() | st.none() | st.integers(0, length) | short
 
 
 # -- judging -------------------------------------------------------------------------------
@@ -675,7 +695,7 @@ class ExternalStoreMachine(SuiteMachine):
     @initialize(data=st.data())
     def configure(self, data: st.DataObject) -> None:
         part = self.draw_part(data)
-        self.driver.apply(data.draw(store_setups(type(self).partial, eagle=part == EAGLE_ON), label="setup"))
+        self.driver.apply(data.draw(_setups(type(self).partial, part == EAGLE_ON), label="setup"))
         if self._alive() and self.driver.setup.partial and data.draw(st.integers(0, 2), label="first put"):
             # Partial hash hits: most examples start from keys at arbitrary hash boundaries of one
             # prompt in every group, looked up at once (a hit the groups trim to a boundary one
@@ -780,11 +800,8 @@ class ExternalStoreMachine(SuiteMachine):
         setup = self.driver.setup
         prompt = self._prompt(data)
         length = len(setup.prompts[prompt])
-        # A bound a block or more below the hashed tokens leaves room for the EAGLE look-ahead
-        # (KV-HYB-007), which a store looking one spec group up directly skips (KV-EXT-013).
         hashed = length // setup.hash_block_size * setup.hash_block_size
-        short = st.integers(0, 2).map(lambda blocks: max(0, hashed - (blocks + 1) * setup.scheduler_block_size))
-        bound = data.draw(st.none() | st.none() | st.integers(0, length) | short, label="bound")
+        bound = data.draw(_bounds(length, hashed, setup.scheduler_block_size), label="bound")
         self.driver.apply(LookUp(prompt, bound))
 
     @rule()

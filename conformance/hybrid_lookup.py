@@ -302,6 +302,55 @@ def _lcm(sizes: Sequence[int]) -> int:
     return math.lcm(*sizes) if sizes else 1
 
 
+# The strategies are built once per shape and kept. Hypothesis validates a strategy object, and
+# works out whether it can be empty or reuse its values, the first time it is drawn from; built
+# anew at every draw, that work was about a third of this suite's time against vLLM (py-spy),
+# shrinks included, and a quarter of it again in the setups' prompt and window strategies. A
+# kept strategy draws exactly what a new equal one would: the draws depend on its shape, its
+# labels (which a lambda's code gives, not its identity) and the choices given. Typed, so that
+# a ``True`` argument is not taken for ``1``; bounded, for long fuzzing sessions.
+kept = functools.lru_cache(maxsize=4096, typed=True)
+
+#: A prompt's tokens: a small alphabet, so that prompts drawn apart still share prefixes.
+TOKENS = st.integers(0, 3)
+
+
+@kept
+def _token_lists(min_size: int, max_size: int) -> st.SearchStrategy[list[int]]:
+    return st.lists(TOKENS, min_size=min_size, max_size=max_size)
+
+
+@kept
+def _prefix_lists(most_blocks: int, alignment: int) -> st.SearchStrategy[list[list[int]]]:
+    """One to three shared prefixes, each of 1 .. ``most_blocks`` aligned units and a part."""
+    tokens = TOKENS
+    # (A flat-mapped function's code is part of the strategy's label: this one's is unchanged.)
+    return st.lists(st.integers(1, most_blocks).flatmap(
+        lambda k: st.lists(tokens, min_size=k * alignment, max_size=k * alignment + alignment)),
+        min_size=1, max_size=3)
+
+
+@kept
+def _windows(block: int, alignment: int, long_fine: bool) -> st.SearchStrategy[int]:
+    """A sliding window of a group of ``block`` tokens (see hybrid_setups)."""
+    short = st.builds(lambda k, b=block: b * k + 1, st.integers(0, 2))
+    long = st.builds(lambda k, b=block: alignment * k + b + 1, st.integers(1, 4))
+    return (st.integers(1, 16) | st.builds(lambda k, b=block: b * k + 1, st.integers(0, 4))
+            | (long if long_fine else short))
+
+
+@kept
+def _pool_sizes(large: int, most: int) -> st.SearchStrategy[int]:
+    """A pool that holds every seed (``large``) three times in four, else a small one."""
+    small = st.integers(2, max(3, most + 1))
+    return st.sampled_from([large, large, large, 0]).flatmap(lambda n: st.just(n) if n else small)
+
+
+@kept
+def _sampled(*values: object) -> st.SearchStrategy:
+    return st.sampled_from(list(values))
+
+
 @st.composite
 def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | None = None,
                   window_of_one: bool = False) -> HybridSetup:
@@ -321,7 +370,7 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     seeds' examples never met. Without the flag the draws are what they were (the external-store
     suite's models).
     """
-    hash_size = draw(st.sampled_from([1, 1, 2, 4]), label="hash_block_size")
+    hash_size = draw(_sampled(1, 1, 2, 4), label="hash_block_size")
     if eagle is None:
         eagle = draw(st.booleans(), label="use_eagle")
     # Sliding windows twice as often: most named loop behaviours (KV-SWA-001/003/010, KV-HYB-009)
@@ -331,13 +380,13 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
     single_pass_window = eagle and window_of_one and draw(st.integers(0, 3), label="window of one") == 0
     # EAGLE matters only when the loop takes several passes: two groups at least.
     count = 2 if single_pass_window else draw(
-        st.sampled_from([2, 3, 3, 3, 4] if eagle else [1, 2, 2, 3, 3, 4]), label="num_groups")
+        _sampled(*([2, 3, 3, 3, 4] if eagle else [1, 2, 2, 3, 3, 4])), label="num_groups")
     # Every group at the hash block size a third of the time, else mostly small multiples.
     uniform = draw(st.integers(0, 2), label="uniform_block_size") == 0
     drafts = []
     for _ in range(count):
-        kind = draw(st.sampled_from(kinds), label="kind")
-        scale = 1 if uniform or kind == spec.MAMBA else draw(st.sampled_from([1, 1, 2, 3, 4]), label="scale")
+        kind = draw(_sampled(*kinds), label="kind")
+        scale = 1 if uniform or kind == spec.MAMBA else draw(_sampled(1, 1, 2, 3, 4), label="scale")
         drafts.append([kind, hash_size * scale, 0])
     if eagle and not uniform and any(d[0] == spec.MAMBA for d in drafts) and draw(
             st.booleans(), label="mamba_at_alignment"):
@@ -352,7 +401,7 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
         # answering past the candidate (KV-MAMBA-002) or a window scan (KV-SWA-001).
         drafts[0][0] = spec.FULL
         drafts[1][0] = spec.SLIDING_WINDOW if single_pass_window else draw(
-            st.sampled_from([k for k in kinds if k != spec.FULL]), label="other kind")
+            _sampled(*[k for k in kinds if k != spec.FULL]), label="other kind")
         if drafts[1][0] == spec.MAMBA:
             drafts[1][1] = hash_size  # KV-MAMBA-003
         if drafts[1][0] in (spec.SLIDING_WINDOW, spec.MAMBA) and draw(st.booleans(), label="finer other"):
@@ -360,7 +409,7 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
             # hit, so a window run or Mamba state ending off an aligned boundary shows in it
             # (KV-SWA-005, KV-MAMBA-001); later passes would hide it behind an aligned group.
             drafts[1][1] = hash_size
-            drafts[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="coarse full")
+            drafts[0][1] = hash_size * draw(_sampled(2, 4), label="coarse full")
         if eagle and drafts[1][0] == spec.SLIDING_WINDOW and (single_pass_window or draw(st.booleans(),
                                                                                    label="window_1")):
             # With EAGLE a window of 1 is where the single pass decides the answer: a pass
@@ -373,7 +422,7 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
         drafts[1][:2] = [spec.FULL, 2 * hash_size]
         for draft in drafts[2:]:
             if draft[0] == spec.FULL:
-                draft[0] = draw(st.sampled_from([k for k in kinds if k != spec.FULL]), label="shrinking kind")
+                draft[0] = draw(_sampled(*[k for k in kinds if k != spec.FULL]), label="shrinking kind")
                 draft[1] = hash_size if draft[0] == spec.MAMBA else draft[1]
     windows = [d for d in drafts if d[0] == spec.SLIDING_WINDOW]
     coarse = [d for d in drafts if d[0] in (spec.FULL, spec.SLIDING_WINDOW) and windows and d is not windows[0]]
@@ -398,12 +447,12 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
         partial_model = True
         for draft in drafts:
             draft[1] = hash_size
-        mambas[0][1] = hash_size * draw(st.sampled_from([2, 4]), label="Mamba block in hash blocks")
+        mambas[0][1] = hash_size * draw(_sampled(2, 4), label="Mamba block in hash blocks")
         for draft in mambas[1:]:
-            draft[1] = hash_size * draw(st.sampled_from([1, 2, 4]), label="Mamba block in hash blocks")
+            draft[1] = hash_size * draw(_sampled(1, 2, 4), label="Mamba block in hash blocks")
     # Chunked local attention must use the scheduler block size (KV-CHUNK-003).
     others = [size for kind, size, _ in drafts if kind != spec.CHUNKED_LOCAL]
-    alignment = _lcm([hash_size, *others]) if others else hash_size * draw(st.sampled_from([1, 2]))
+    alignment = _lcm([hash_size, *others]) if others else hash_size * draw(_sampled(1, 2))
     for draft in drafts:
         if draft[0] == spec.CHUNKED_LOCAL:
             draft[1] = alignment
@@ -418,42 +467,24 @@ def hybrid_setups(draw: st.DrawFn, partial_hits: bool = False, eagle: bool | Non
             # a shorter window always finds a run long enough, which ends where no rounding shows.
             # (Not with partial hits on: the hit alignment is then the hash block, every window's.)
             long_fine = eagle and draft[1] < alignment and not partial_model
-            short = st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 2))
-            long = st.builds(lambda k, b=draft[1]: alignment * k + b + 1, st.integers(1, 4))
-            draft[2] = draw(st.integers(1, 16) | st.builds(lambda k, b=draft[1]: b * k + 1, st.integers(0, 4))
-                            | (long if long_fine else short), label="window")
+            draft[2] = draw(_windows(draft[1], alignment, long_fine), label="window")
     groups = tuple(tuple(d) for d in drafts)
     if draw(st.integers(0, 3), label="duplicate_group") == 0:  # equal specs share a spec group (KV-HYB-002)
         groups = (*groups, draw(st.sampled_from(groups)))
     # Prompts: a few prefixes, each extended by random suffixes, so prefixes collide. Hits
     # are multiples of the alignment: prefixes span several aligned blocks, and at least
     # a dozen tokens where the alignment is small.
-    tokens = st.integers(0, 3)
-    most_blocks = max(4, 12 // alignment)
-    prefixes = draw(st.lists(st.integers(1, most_blocks).flatmap(
-        lambda k: st.lists(tokens, min_size=k * alignment, max_size=k * alignment + alignment)),
-        min_size=1, max_size=3))
+    prefixes = draw(_prefix_lists(max(4, 12 // alignment), alignment))
     prompts = []
     for _ in range(draw(st.integers(1, 4), label="num_prompts")):
         prefix = draw(st.sampled_from(prefixes))
-        suffix = draw(st.lists(tokens, min_size=1, max_size=2 * alignment))
+        suffix = draw(_token_lists(1, 2 * alignment))
         prompts.append(tuple(prefix + suffix))
     most = max(len(p) for p in prompts) // hash_size
     # A pool that holds every seed, or a small one in which seeding evicts earlier seeds.
     large = max(2, 1 + most * len(groups) * len(prompts) * 2)
-    small = st.integers(2, max(3, most + 1))
-    num_blocks = draw(st.sampled_from([large, large, large, 0]).flatmap(lambda n: st.just(n) if n else small),
-                      label="num_blocks")
+    num_blocks = draw(_pool_sizes(large, most), label="num_blocks")
     return HybridSetup(groups, hash_size, num_blocks, eagle, tuple(prompts))
-
-
-# The rules' strategies are built once per shape and kept. Hypothesis validates a strategy
-# object, and works out whether it can be empty or reuse its values, the first time it is drawn
-# from; built anew at every draw, that work was about a third of this suite's time against vLLM
-# (py-spy), shrinks included. A kept strategy draws exactly what a new equal one would: the
-# draws depend on its shape and the choices given, not on its identity. Typed, so that a
-# ``True`` argument is not taken for ``1``; bounded, for long fuzzing sessions.
-kept = functools.lru_cache(maxsize=4096, typed=True)
 
 
 @kept

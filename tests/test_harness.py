@@ -9,6 +9,7 @@ hangs and never judge speed.
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
@@ -761,6 +762,36 @@ def test_loading_an_engine_has_a_limit_of_its_own(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setattr(calls, "LOAD_TIMEOUT", 0.4)
     with pytest.raises(calls.EngineError, match=r"within 0\.4 s"):
         calls.EngineCaller(0.2, clock="wall").construct(slow, loading=True)
+
+
+def test_a_load_that_imports_settles_the_heap_and_others_do_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """After an engine's import its objects are frozen out of the collector's way (gc.freeze),
+    once: a construction that imports nothing, or that is not a load, freezes nothing."""
+    import gc
+
+    module = tmp_path / "kvoracle_settle_probe_engine.py"
+    module.write_text("class Adapter:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, module.stem, raising=False)
+
+    def importing() -> object:
+        return importlib.import_module(module.stem).Adapter()
+
+    gc.unfreeze()
+    try:
+        caller = calls.EngineCaller(5.0)
+        caller.construct(object)  # the caller's own first use, which may import what it needs
+        caller.construct(object, loading=True)  # a load that imports nothing
+        assert gc.get_freeze_count() == 0
+        caller.construct(importing)  # imports, but is not a load
+        assert gc.get_freeze_count() == 0
+        monkeypatch.delitem(sys.modules, module.stem)
+        caller.construct(importing, loading=True)
+        assert gc.get_freeze_count() > 0
+        caller.close()
+    finally:
+        gc.unfreeze()
 
 
 # -- kvoracle's contracts while Hypothesis shrinks -------------------------------------------------
