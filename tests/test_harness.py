@@ -766,8 +766,9 @@ def test_loading_an_engine_has_a_limit_of_its_own(monkeypatch: pytest.MonkeyPatc
 
 def test_a_load_that_imports_settles_the_heap_and_others_do_not(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
                                                                ) -> None:
-    """After an engine's import its objects are frozen out of the collector's way (gc.freeze),
-    once: a construction that imports nothing, or that is not a load, freezes nothing."""
+    """After a load that imported the engine, the objects alive are frozen out of the collector's
+    way (gc.freeze); a load that imports nothing, or a construction that is not a load, freezes
+    nothing."""
     import gc
 
     module = tmp_path / "kvoracle_settle_probe_engine.py"
